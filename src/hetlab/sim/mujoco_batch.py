@@ -1,0 +1,134 @@
+"""BatchSim on MuJoCo 4's `mujoco.batch.Batch`: one model, many envs, a persistent C++ thread pool.
+
+The batch keeps each env's integration state in a row of one array and steps the rows on
+its own threads (the caller's included) without the GIL; `bind` gives live numpy views of
+those rows. Results are bit-identical at any thread count, so a seed fixes a trajectory.
+"""
+
+from __future__ import annotations
+
+import mujoco
+import mujoco.batch
+import numpy as np
+
+from hetlab.errors import UserError
+
+# MuJoCo's instability warnings: mj_step has already reset an env that raised one.
+_UNSTABLE_WARNINGS = [
+    int(mujoco.mjtWarning.mjWARN_BADQPOS),
+    int(mujoco.mjtWarning.mjWARN_BADQVEL),
+    int(mujoco.mjtWarning.mjWARN_BADQACC),
+]
+_NOISY_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+
+
+class MujocoBatchSim:
+    """`num_envs` copies of `model` on `threads` CPU threads (0 = all cores)."""
+
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        num_envs: int,
+        threads: int = 0,
+        seed: int = 0,
+        keyframe: str | None = None,
+        max_abs_qacc: float = 1e8,
+    ):
+        if num_envs < 1:
+            raise UserError(f"the number of envs must be at least 1, got {num_envs}")
+        self.model = model
+        self.num_envs = num_envs
+        self.timestep = float(model.opt.timestep)
+        self.divergences = 0
+        self.max_abs_qacc = max_abs_qacc
+        self.batch = mujoco.batch.Batch(model, num_envs, nthread=threads)
+        self._rng = np.random.default_rng(seed)
+        self._keyframe = -1 if keyframe is None else model.key(keyframe).id
+        self.qpos = self.batch.bind("qpos")
+        self.qvel = self.batch.bind("qvel")
+        self.ctrl = self.batch.bind("ctrl")
+        self._qacc = self.batch.bind("qacc")
+        self._unstable = self.batch.warning[:, _UNSTABLE_WARNINGS, 1]  # a copy: refreshed in step
+        noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
+        self._noisy_qpos = model.jnt_qposadr[noisy]
+        self._noisy_qvel = model.jnt_dofadr[noisy]
+        self.reset(np.arange(num_envs))
+        self.forward(np.arange(num_envs))
+
+    @property
+    def threads(self) -> int:
+        return self.batch.nthread
+
+    def step(self, ctrl: np.ndarray | None, substeps: int) -> np.ndarray:
+        if ctrl is not None:
+            self.ctrl[:] = ctrl
+        failed = None
+        try:
+            self.batch.step(nstep=substeps)
+        except mujoco.batch.SimulationError as e:
+            failed = e.ids  # these kept their pre-call state; the rest ran to completion
+        np.take(self.batch.warning[:, :, 1], _UNSTABLE_WARNINGS, axis=1, out=self._unstable)
+        diverged = self._unstable.any(axis=1)
+        # MuJoCo resets an env on NaN/inf itself (and warns); its own limit for a "huge"
+        # acceleration is 1e10, far past where a robot sim is already garbage.
+        diverged |= np.abs(self._qacc).max(axis=1) > self.max_abs_qacc
+        if failed is not None:
+            diverged[failed] = True
+        if diverged.any():
+            ids = np.flatnonzero(diverged)
+            self.divergences += len(ids)
+            self.reset(ids)
+            self.forward(ids)
+        return diverged
+
+    def reset(self, env_ids: np.ndarray, noise: float = 0.0) -> None:
+        ids = np.asarray(env_ids, dtype=np.int64)
+        if ids.size == 0:
+            return
+        # No forward pass here: callers perturb the state further, then call forward once.
+        self.batch.reset(ids, keyframe=self._keyframe, stage=mujoco.mjtStage.mjSTAGE_NONE)
+        if noise > 0.0:
+            rows = ids[:, None]
+            self.qpos[rows, self._noisy_qpos] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qpos)))
+            self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
+
+    def forward(self, env_ids: np.ndarray) -> None:
+        self.batch.forward(np.asarray(env_ids, dtype=np.int64))
+
+    def sensor(self, name: str) -> np.ndarray:
+        sensor = self._named(self.model.sensor, "sensor", name)
+        adr, dim = int(sensor.adr[0]), int(sensor.dim[0])
+        return self.batch.bind("sensordata")[:, adr : adr + dim]
+
+    def body_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        body = self._named(self.model.body, "body", name).id
+        return self.batch.bind("xpos")[:, body], self.batch.bind("xquat")[:, body]
+
+    def joint_index(self, name: str) -> tuple[int, int]:
+        joint = self._named(self.model.joint, "joint", name).id
+        return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
+
+    def actuator_names(self) -> list[str]:
+        return [self.model.actuator(i).name for i in range(self.model.nu)]
+
+    # DomainRandomisable
+    def model_field(self, name: str) -> np.ndarray:
+        if name not in mujoco.batch.MODEL_FIELDS:
+            raise UserError(f"{name!r} is not a MuJoCo model field that can vary per env")
+        return self.batch.expand(name)
+
+    def object_id(self, kind: str, name: str) -> int:
+        lookup = getattr(self.model, kind, None)
+        if lookup is None:
+            raise UserError(f"{kind!r} is not a kind of MuJoCo model object")
+        return self._named(lookup, kind, name).id
+
+    def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
+        if any(self.batch.expanded(f) is not None for f in mujoco.MjModel._setconst_inputs):
+            self.batch.set_const(env_ids)
+
+    def _named(self, lookup, kind: str, name: str):
+        try:
+            return lookup(name)
+        except KeyError:
+            raise UserError(f"the model has no {kind} named {name!r}") from None

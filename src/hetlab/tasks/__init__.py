@@ -1,0 +1,48 @@
+"""Task registry: names → task classes, and `make_task` which builds model, sim and task."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hetlab.devices import cpu_count
+from hetlab.errors import UserError
+from hetlab.sim.mujoco_batch import MujocoBatchSim
+from hetlab.tasks.base import Task, TaskConfig
+from hetlab.tasks.cartpole import CartpoleBalance
+from hetlab.tasks.go1_joystick import Go1JoystickFlat
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (CartpoleBalance, Go1JoystickFlat)}
+
+
+def task_class(name: str) -> type[Task]:
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; available: {', '.join(sorted(TASKS))} (see `hetlab tasks`)")
+    return TASKS[name]
+
+
+def make_config(name: str, **overrides) -> TaskConfig:
+    """The task's config with `overrides`, validated before anything is built."""
+    cls = task_class(name)
+    known = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UserError(f"task {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}")
+    cfg = cls.Config(**overrides)
+    if cfg.num_envs < 1:
+        raise UserError(f"--envs must be at least 1, got {cfg.num_envs}")
+    cores = cpu_count()
+    if not 0 <= cfg.threads <= cores:
+        raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
+    return cfg
+
+
+def make_task(name: str, **overrides) -> Task:
+    """Build task `name` on a MuJoCo batch: e.g. make_task("cartpole-balance", num_envs=64)."""
+    cls = task_class(name)
+    cfg = make_config(name, **overrides)
+    model = cls.build_model(cfg)
+    sim = MujocoBatchSim(model, cfg.num_envs, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe)
+    return cls(sim, cfg)
+
+
+__all__ = ["TASKS", "Task", "TaskConfig", "make_config", "make_task", "task_class"]

@@ -1,0 +1,168 @@
+"""The Task contract: an MDP over a whole BatchSim at once, in vectorised numpy.
+
+A task turns actions into controls, steps the physics with decimation, and returns
+observation groups (`policy`, and `critic` with privileged extras), a reward that is a
+weighted sum of named terms, and separate `terminated` (a real end) and `truncated`
+(time-out) flags. Finished envs are reset inside `step`; their last observation is kept
+in `info["final_obs"]` so a learner can bootstrap from it on time-outs.
+
+Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observe`; optional
+hooks are `_update_state` (derive this step's quantities from physics, before rewards),
+`_advance` (move per-env schedules on to the next step, after rewards) and `_reset_envs`
+(their own start-state randomisation).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import mujoco
+import numpy as np
+
+from hetlab.sim.contract import BatchSim
+
+Obs = dict[str, np.ndarray]
+Index = slice | np.ndarray  # all envs (slice(None)) or an array of env ids
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Options every task has; task configs subclass this and add their own."""
+
+    num_envs: int = 256
+    threads: int = 0  # physics threads; 0 = every core
+    seed: int = 0
+    obs_noise: float = 1.0  # multiplies the task's observation-noise scales; 0 = exact observations
+    randomise: bool = True  # domain randomisation on reset
+    reset_noise: float = 0.0  # uniform ± noise on joint positions/velocities at reset
+
+
+class Task(ABC):
+    """Base class; see the module docstring for the contract."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    control_dt: ClassVar[float]  # seconds per env step
+    episode_seconds: ClassVar[float]
+    keyframe: ClassVar[str | None] = None  # the state envs reset to
+    obs_sizes: dict[str, int]  # per observation group
+    action_size: int
+    reward_weights: dict[str, float]
+    reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
+
+    @classmethod
+    @abstractmethod
+    def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
+        """The task's scene, built with MjSpec."""
+
+    def __init__(self, sim: BatchSim, cfg: TaskConfig):
+        self.sim = sim
+        self.cfg = cfg
+        self.num_envs = sim.num_envs
+        self.substeps = max(1, round(self.control_dt / sim.timestep))
+        self.dt = self.substeps * sim.timestep
+        self.max_episode_steps = round(self.episode_seconds / self.dt)
+        # Separate from the sim's generator, so task randomness never shifts the physics'.
+        self.rng = np.random.default_rng([cfg.seed, 1])
+        n = self.num_envs
+        self.episode_step = np.zeros(n, np.int64)
+        self.episode_return = np.zeros(n, np.float64)
+        self.last_actions = np.zeros((n, self.action_size), np.float32)
+        self._obs: Obs | None = None
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def reset(self) -> Obs:
+        """Reset every env; returns the first observation groups."""
+        self._reset(np.arange(self.num_envs))
+        self._obs = self._observe(slice(None))
+        return self._obs
+
+    def step(self, actions: np.ndarray) -> tuple[Obs, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Advance every env one control step. Returns obs, reward, terminated, truncated, info."""
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.shape != self.last_actions.shape:
+            raise ValueError(f"actions must have shape {self.last_actions.shape}, got {actions.shape}")
+        diverged = self.sim.step(self._control(actions), self.substeps)
+        self.episode_step += 1
+        self._update_state(actions)
+
+        terms = self._reward_terms(actions)
+        reward = np.zeros(self.num_envs, np.float64)
+        term_means = {}
+        for name, value in terms.items():
+            weighted = (self.reward_weights[name] * self.reward_scale) * value
+            reward += weighted
+            term_means[name] = float(weighted.mean())
+        reward = reward.astype(np.float32)
+
+        terminated = self._terminated() | diverged
+        truncated = (self.episode_step >= self.max_episode_steps) & ~terminated
+        self.last_actions[:] = actions
+        self._advance()
+        self.episode_return += reward
+        obs = self._observe(slice(None))
+        info: dict[str, Any] = {"reward_terms": term_means, "diverged": int(diverged.sum())}
+
+        done = terminated | truncated
+        if done.any():
+            ids = np.flatnonzero(done)
+            info["done_ids"] = ids
+            info["final_obs"] = {group: values[ids] for group, values in obs.items()}
+            info["episode_return"] = self.episode_return[ids].copy()
+            info["episode_length"] = self.episode_step[ids].copy()
+            self._reset(ids)
+            for group, values in self._observe(ids).items():
+                obs[group][ids] = values
+        self._obs = obs
+        return obs, reward, terminated, truncated, info
+
+    # -- shared machinery ---------------------------------------------------------------------
+
+    def _reset(self, ids: np.ndarray) -> None:
+        self.sim.reset(ids, noise=self.cfg.reset_noise)
+        self.episode_step[ids] = 0
+        self.episode_return[ids] = 0.0
+        self.last_actions[ids] = 0.0
+        self._reset_envs(ids)
+        self.sim.forward(ids)  # sensors and body poses of the new start states
+
+    def _add_noise(self, exact: np.ndarray, scales: np.ndarray | float) -> np.ndarray:
+        """A noisy copy of `exact`: uniform ±`scales` per column, times the config's level."""
+        if self.cfg.obs_noise == 0.0:
+            return exact.copy()
+        scale = np.float32(2.0 * self.cfg.obs_noise) * np.asarray(scales, np.float32)
+        noise = self.rng.random(exact.shape, dtype=np.float32) - np.float32(0.5)
+        return exact + noise * scale
+
+    # -- hooks for subclasses -----------------------------------------------------------------
+
+    @abstractmethod
+    def _control(self, actions: np.ndarray) -> np.ndarray:
+        """Map policy actions to the sim's ctrl (e.g. PD position targets)."""
+
+    def _update_state(self, actions: np.ndarray) -> None:
+        """Derive this step's quantities from the new physics state, before rewards."""
+
+    def _advance(self) -> None:
+        """Move per-env schedules (commands, timers) on to the next step, after rewards."""
+
+    @abstractmethod
+    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        """Unweighted (num_envs,) value of every term in `reward_weights`."""
+
+    @abstractmethod
+    def _terminated(self) -> np.ndarray:
+        """(num_envs,) bool: the episode ended for a reason other than time."""
+
+    @abstractmethod
+    def _observe(self, ids: Index) -> Obs:
+        """Observation groups for the envs `ids`, float32."""
+
+    def _reset_envs(self, ids: np.ndarray) -> None:
+        """Task-specific start-state randomisation after the sim reset `ids` (before the
+        forward pass that refreshes their sensors); optional."""

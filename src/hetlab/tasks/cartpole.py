@@ -1,0 +1,103 @@
+"""cartpole-balance: keep a pole upright on a cart driven along a rail. Built in code, no assets.
+
+The fast task for tests: 5 observations, 1 action, 50 Hz control. An episode ends when the
+pole tips past 0.8 rad or the cart leaves the rail, or after 10 s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+
+RAIL_HALF_LENGTH = 2.0  # m
+MAX_POLE_ANGLE = 0.8  # rad
+
+
+@dataclass(frozen=True)
+class CartpoleConfig(TaskConfig):
+    reset_noise: float = 0.1  # ± on cart position, pole angle and both velocities
+
+
+class CartpoleBalance(Task):
+    name = "cartpole-balance"
+    Config = CartpoleConfig
+    control_dt = 0.02
+    episode_seconds = 10.0
+    keyframe = "upright"
+    obs_sizes = {"policy": 5, "critic": 5}
+    action_size = 1
+    reward_weights = {
+        "alive": 1.0,
+        "pole_angle": -1.0,
+        "cart_position": -0.05,
+        "cart_velocity": -0.01,
+        "pole_velocity": -0.005,
+        "action": -0.001,
+    }
+
+    @classmethod
+    def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
+        spec = mujoco.MjSpec()
+        spec.modelname = "cartpole"
+        spec.option.timestep = 0.01
+        world = spec.worldbody
+        no_contact = {"contype": 0, "conaffinity": 0}
+        world.add_geom(
+            name="rail", type=mujoco.mjtGeom.mjGEOM_CAPSULE, size=[0.02, 0, 0],
+            fromto=[-RAIL_HALF_LENGTH - 0.4, 0, 1, RAIL_HALF_LENGTH + 0.4, 0, 1], **no_contact,
+        )
+        cart = world.add_body(name="cart", pos=[0, 0, 1])
+        cart.add_joint(
+            name="slider", type=mujoco.mjtJoint.mjJNT_SLIDE, axis=[1, 0, 0],
+            range=[-RAIL_HALF_LENGTH - 0.4, RAIL_HALF_LENGTH + 0.4], damping=0.05,
+        )
+        cart.add_geom(name="cart", type=mujoco.mjtGeom.mjGEOM_BOX, size=[0.2, 0.15, 0.1], mass=1.0, **no_contact)
+        pole = cart.add_body(name="pole")
+        pole.add_joint(name="hinge", type=mujoco.mjtJoint.mjJNT_HINGE, axis=[0, 1, 0], damping=0.005)
+        pole.add_geom(
+            name="pole", type=mujoco.mjtGeom.mjGEOM_CAPSULE, size=[0.045, 0, 0],
+            fromto=[0, 0, 0, 0, 0, 1], mass=0.1, **no_contact,
+        )
+        spec.add_actuator(
+            name="push", target="slider", trntype=mujoco.mjtTrn.mjTRN_JOINT,
+            gear=[10, 0, 0, 0, 0, 0], ctrlrange=[-1, 1], ctrllimited=True,
+        )
+        spec.add_key(name="upright", qpos=[0.0, 0.0])
+        return spec.compile()
+
+    def __init__(self, sim, cfg: CartpoleConfig):
+        super().__init__(sim, cfg)
+        self._cart = sim.joint_index("slider")
+        self._hinge = sim.joint_index("hinge")
+
+    def _state(self, ids: Index) -> tuple[np.ndarray, ...]:
+        qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]
+        return qpos[:, self._cart[0]], qpos[:, self._hinge[0]], qvel[:, self._cart[1]], qvel[:, self._hinge[1]]
+
+    def _control(self, actions: np.ndarray) -> np.ndarray:
+        return np.clip(actions, -1.0, 1.0)
+
+    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        x, angle, x_dot, angle_dot = self._state(slice(None))
+        return {
+            "alive": np.ones(self.num_envs),
+            "pole_angle": np.square(angle),
+            "cart_position": np.square(x),
+            "cart_velocity": np.square(x_dot),
+            "pole_velocity": np.square(angle_dot),
+            "action": np.square(actions[:, 0]),
+        }
+
+    def _terminated(self) -> np.ndarray:
+        x, angle, _, _ = self._state(slice(None))
+        return (np.abs(angle) > MAX_POLE_ANGLE) | (np.abs(x) > RAIL_HALF_LENGTH)
+
+    def _observe(self, ids: Index) -> Obs:
+        x, angle, x_dot, angle_dot = self._state(ids)
+        exact = np.stack([x, np.cos(angle), np.sin(angle), x_dot, angle_dot], axis=1).astype(np.float32)
+        # The policy sees slightly noisy readings; the critic the exact state.
+        return {"policy": self._add_noise(exact, 0.01), "critic": exact}

@@ -1,0 +1,254 @@
+"""go1-joystick-flat: a Unitree Go1 tracking commanded planar and yaw velocity on flat ground.
+
+In the spirit of MuJoCo Playground's Go1JoystickFlatTerrain: Menagerie's Go1 with
+Playground's physics settings (4 ms Euler steps, one Newton iteration, feet-only
+collisions, kp = 35 PD position actuators), 50 Hz control with actions scaled by 0.5
+around the standing pose, Playground's reward terms and weights (summed and scaled by
+the control period), and an episode that ends when the trunk turns over or drops.
+The policy sees noisy proprioception; the critic also gets exact values, foot contact,
+air time and height, and the domain-randomisation parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mujoco
+import numpy as np
+
+from hetlab.assets import robot_xml
+from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
+from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
+from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
+
+LEGS = ("FR", "FL", "RR", "RL")
+JOINTS = [f"{leg}_{part}_joint" for leg in LEGS for part in ("hip", "thigh", "calf")]
+DEFAULT_POSE = np.array([0.1, 0.9, -1.8, -0.1, 0.9, -1.8, 0.1, 0.9, -1.8, -0.1, 0.9, -1.8])
+STANDING_HEIGHT = 0.278  # m, trunk height in the standing pose
+KP, KD = 35.0, 0.5  # PD gains: kp on the actuators, kd as joint damping
+FORCE_LIMIT = np.tile([23.7, 23.7, 35.55], 4)  # N·m, hip / thigh / knee
+# Joint limits (Menagerie) shrunk to 95 % as soft limits for the limit penalty.
+_LOW = np.tile([-0.863, -0.686, -2.818], 4)
+_HIGH = np.tile([0.863, 4.501, -0.888], 4)
+SOFT_LOW = 0.5 * (_LOW + _HIGH) - 0.475 * (_HIGH - _LOW)
+SOFT_HIGH = 0.5 * (_LOW + _HIGH) + 0.475 * (_HIGH - _LOW)
+FOOT_RADIUS = 0.023
+CONTACT_HEIGHT = FOOT_RADIUS + 0.003  # foot centre below this → in contact with the floor
+MAX_FOOT_HEIGHT = 0.1  # m, swing-height target
+AIR_TIME_TARGET = 0.1  # s
+TRACKING_SIGMA = 0.25
+POSE_WEIGHTS = np.tile([1.0, 1.0, 0.1], 4)
+MIN_TRUNK_HEIGHT = 0.15  # m; lower counts as a fall
+# Policy observation noise (uniform ±), as in Playground: linear velocity, gyro, gravity,
+# joint positions, joint velocities; none on the last action and the command.
+POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.full(12, 0.03), np.full(12, 1.5), np.zeros(15)])
+
+
+@dataclass(frozen=True)
+class Go1JoystickConfig(TaskConfig):
+    action_scale: float = 0.5
+    commands: VelocityCommandConfig = field(default_factory=VelocityCommandConfig)
+    randomisation: RandomisationConfig = field(default_factory=RandomisationConfig)
+    assets_dir: str | None = None  # a MuJoCo Menagerie checkout; default: installed packages
+
+
+class Go1JoystickFlat(Task):
+    name = "go1-joystick-flat"
+    Config = Go1JoystickConfig
+    control_dt = 0.02
+    episode_seconds = 20.0
+    keyframe = "home"
+    obs_sizes = {"policy": 48, "critic": 64}
+    action_size = 12
+    reward_scale = control_dt
+    reward_weights = {
+        "tracking_lin_vel": 1.0,
+        "tracking_ang_vel": 0.5,
+        "lin_vel_z": -0.5,
+        "ang_vel_xy": -0.05,
+        "orientation": -5.0,
+        "dof_pos_limits": -1.0,
+        "pose": 0.5,
+        "termination": -1.0,
+        "stand_still": -1.0,
+        "torques": -0.0002,
+        "action_rate": -0.01,
+        "energy": -0.001,
+        "feet_clearance": -2.0,
+        "feet_height": -0.2,
+        "feet_slip": -0.1,
+        "feet_air_time": 0.1,
+    }
+
+    @classmethod
+    def build_model(cls, cfg: Go1JoystickConfig) -> mujoco.MjModel:
+        spec = mujoco.MjSpec.from_file(str(robot_xml("go1", cfg.assets_dir)))
+        opt = spec.option
+        opt.timestep = 0.004
+        opt.iterations, opt.ls_iterations = 1, 5
+        opt.integrator = mujoco.mjtIntegrator.mjINT_EULER
+        opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_EULERDAMP
+        opt.cone = mujoco.mjtCone.mjCONE_PYRAMIDAL
+        opt.impratio = 1.0
+        # Only the feet collide, and only with the floor.
+        for geom in spec.geoms:
+            geom.contype, geom.conaffinity = 0, 0
+        for leg in LEGS:
+            foot = spec.geom(leg)
+            foot.conaffinity, foot.condim, foot.priority = 1, 3, 0
+            foot.solimp[:3] = [0.9, 0.95, 0.023]
+        spec.worldbody.add_geom(
+            name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.01],
+            contype=1, conaffinity=0, condim=3, priority=1, friction=[0.6, 0.005, 0.0001],
+        )
+        frictionloss = {"hip": 0.3, "thigh": 0.3, "calf": 1.0}
+        for name in JOINTS:
+            joint = spec.joint(name)
+            joint.damping[0], joint.armature = KD, 0.005
+            joint.frictionloss = frictionloss[name.split("_")[1]]
+        for actuator in spec.actuators:
+            actuator.gainprm[0], actuator.biasprm[1] = KP, -KP
+        for leg in LEGS:
+            site = {"objtype": mujoco.mjtObj.mjOBJ_SITE, "objname": leg}
+            spec.add_sensor(name=f"{leg}_pos", type=mujoco.mjtSensor.mjSENS_FRAMEPOS, **site)
+            spec.add_sensor(name=f"{leg}_linvel", type=mujoco.mjtSensor.mjSENS_FRAMELINVEL, **site)
+        home = spec.key("home")
+        home.qpos = [0, 0, STANDING_HEIGHT, 1, 0, 0, 0, *DEFAULT_POSE]
+        home.ctrl = DEFAULT_POSE
+        return spec.compile()
+
+    def __init__(self, sim, cfg: Go1JoystickConfig):
+        super().__init__(sim, cfg)
+        self._joint_qpos = self._contiguous([sim.joint_index(j)[0] for j in JOINTS])
+        self._joint_qvel = self._contiguous([sim.joint_index(j)[1] for j in JOINTS])
+        self._feet_pos = [sim.sensor(f"{leg}_pos") for leg in LEGS]
+        self._feet_vel = [sim.sensor(f"{leg}_linvel") for leg in LEGS]
+        self.commands = VelocityCommands(cfg.commands, self.num_envs, self.dt, self.rng)
+        self.randomiser = None
+        if cfg.randomise:
+            # Drawn once per env at start-up, as MuJoCo Playground does: a reset then costs
+            # no recomputation of the model's mass-dependent constants.
+            self.randomiser = DomainRandomiser(sim, cfg.randomisation, ["floor"], self.rng)
+            self.randomiser.apply(np.arange(self.num_envs))
+        n = self.num_envs
+        self._targets = np.tile(DEFAULT_POSE, (n, 1))
+        self._air_time = np.zeros((n, 4))
+        self._swing_peak = np.zeros((n, 4))
+        self._last_contact = np.zeros((n, 4), bool)
+        self._step_proprio: tuple[np.ndarray, ...] | None = None
+
+    @staticmethod
+    def _contiguous(indices: list[int]) -> slice:
+        # The 12 leg joints follow the free joint in order; a slice keeps every read a view.
+        assert indices == list(range(indices[0], indices[0] + len(indices))), indices
+        return slice(indices[0], indices[0] + len(indices))
+
+    # -- dynamics ---------------------------------------------------------------------------
+
+    def _control(self, actions: np.ndarray) -> np.ndarray:
+        np.multiply(actions, self.cfg.action_scale, out=self._targets)
+        self._targets += DEFAULT_POSE
+        return self._targets
+
+    def _proprio(self, ids: Index) -> tuple[np.ndarray, ...]:
+        """Body-frame linear velocity, gyro, projected gravity, joint positions and velocities."""
+        qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]
+        quat = qpos[:, 3:7]
+        return (
+            rotate_inverse(quat, qvel[:, 0:3]),
+            qvel[:, 3:6],
+            projected_gravity(quat),
+            qpos[:, self._joint_qpos],
+            qvel[:, self._joint_qvel],
+        )
+
+    def _update_state(self, actions: np.ndarray) -> None:
+        # Computed once per step for all envs; the rewards and the next observation share it.
+        self._step_proprio = self._proprio(slice(None))
+        self._linvel, self._gyro, self._gravity, self._joint_pos, self._joint_vel = self._step_proprio
+        kp = KP if self.randomiser is None else KP * self.randomiser.params[:, 2:3]
+        self._torques = np.clip(kp * (self._targets - self._joint_pos), -FORCE_LIMIT, FORCE_LIMIT)
+        self._fell = (self._gravity[:, 2] > 0.0) | (self.sim.qpos[:, 2] < MIN_TRUNK_HEIGHT)
+
+        feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
+        self._feet_z = feet_z
+        self._feet_speed_xy2 = np.stack([np.square(v[:, :2]).sum(axis=1) for v in self._feet_vel], axis=1)
+        contact = feet_z < CONTACT_HEIGHT
+        self._contact = contact
+        self._contact_filtered = contact | self._last_contact
+        self._first_contact = (self._air_time > 0.0) & self._contact_filtered
+        self._air_time += self.dt
+        np.maximum(self._swing_peak, feet_z, out=self._swing_peak)
+
+    def _advance(self) -> None:
+        swinging = ~self._contact_filtered
+        self._air_time *= swinging
+        self._swing_peak *= swinging
+        self._last_contact = self._contact
+        self.commands.update(self.episode_step)
+
+    def _terminated(self) -> np.ndarray:
+        return self._fell
+
+    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        cmd = self.commands.values
+        v, gyro = self._linvel, self._gyro
+        q = self._joint_pos - DEFAULT_POSE
+        torques = self._torques
+        cmd_norm = np.linalg.norm(cmd, axis=1)
+        return {
+            "tracking_lin_vel": np.exp(-np.square(cmd[:, :2] - v[:, :2]).sum(axis=1) / TRACKING_SIGMA),
+            "tracking_ang_vel": np.exp(-np.square(cmd[:, 2] - gyro[:, 2]) / TRACKING_SIGMA),
+            "lin_vel_z": np.square(self.sim.qvel[:, 2]),
+            "ang_vel_xy": np.square(gyro[:, :2]).sum(axis=1),
+            "orientation": np.square(self._gravity[:, :2]).sum(axis=1),
+            "dof_pos_limits": (
+                np.clip(SOFT_LOW - self._joint_pos, 0.0, None) + np.clip(self._joint_pos - SOFT_HIGH, 0.0, None)
+            ).sum(axis=1),
+            "pose": np.exp(-(POSE_WEIGHTS * np.square(q)).sum(axis=1)),
+            "termination": self._fell.astype(np.float64),
+            "stand_still": np.abs(q).sum(axis=1) * (cmd_norm < 0.01),
+            "torques": np.sqrt(np.square(torques).sum(axis=1)) + np.abs(torques).sum(axis=1),
+            "action_rate": np.square(actions - self.last_actions).sum(axis=1),
+            "energy": (np.abs(self._joint_vel) * np.abs(torques)).sum(axis=1),
+            "feet_clearance": (np.abs(self._feet_z - MAX_FOOT_HEIGHT) * np.sqrt(np.sqrt(self._feet_speed_xy2))).sum(axis=1),
+            "feet_height": (np.square(self._swing_peak / MAX_FOOT_HEIGHT - 1.0) * self._first_contact).sum(axis=1),
+            "feet_slip": (self._feet_speed_xy2 * self._contact).sum(axis=1),
+            "feet_air_time": ((self._air_time - AIR_TIME_TARGET) * self._first_contact).sum(axis=1) * (cmd_norm > 0.05),
+        }
+
+    def _observe(self, ids: Index) -> Obs:
+        if isinstance(ids, slice) and self._step_proprio is not None:
+            proprio, self._step_proprio = self._step_proprio, None  # this step's, used once
+        else:
+            proprio = self._proprio(ids)
+        linvel, gyro, gravity, joint_pos, joint_vel = proprio
+        n = len(linvel)
+        critic = np.empty((n, self.obs_sizes["critic"]), np.float32)
+        columns = (
+            linvel, gyro, gravity, joint_pos - DEFAULT_POSE, joint_vel, self.last_actions[ids], self.commands.values[ids],
+            self.sim.qpos[ids, 2:3], self._last_contact[ids], self._air_time[ids],
+            np.stack([p[ids, 2] for p in self._feet_pos], axis=1),
+            np.ones((n, 3)) if self.randomiser is None else self.randomiser.params[ids],
+        )
+        start = 0
+        for column in columns:
+            critic[:, start : start + column.shape[1]] = column
+            start += column.shape[1]
+        # The critic's first 48 columns are the policy's observation without noise.
+        return {"policy": self._add_noise(critic[:, :48], POLICY_NOISE), "critic": critic}
+
+    # -- resets -----------------------------------------------------------------------------
+
+    def _reset_envs(self, ids: np.ndarray) -> None:
+        k = len(ids)
+        qpos, qvel = self.sim.qpos, self.sim.qvel
+        # Start anywhere within ±0.5 m, facing any direction, with a small random twist.
+        qpos[ids, 0:2] += self.rng.uniform(-0.5, 0.5, (k, 2))
+        qpos[ids, 3:7] = yaw_quat(self.rng.uniform(-np.pi, np.pi, k))
+        qvel[ids, 0:6] = self.rng.uniform(-0.5, 0.5, (k, 6))
+        self._air_time[ids] = 0.0
+        self._swing_peak[ids] = 0.0
+        self._last_contact[ids] = False
+        self.commands.resample(ids)
