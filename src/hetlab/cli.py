@@ -1,0 +1,173 @@
+"""`hetlab <command>`: one entry point, tyro subcommands over the config dataclasses."""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Annotated
+
+import mujoco
+import numpy as np
+import torch
+import tyro
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+from tyro.extras import SubcommandApp
+
+import hetlab
+from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
+from hetlab.errors import UserError
+from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
+from hetlab.tasks import TASKS, make_config
+
+app = SubcommandApp()
+bench = SubcommandApp()
+console = Console()
+# Progress and tables go to stderr when stdout must hold JSON alone.
+err_console = Console(stderr=True)
+
+
+def _print_json(payload: dict | list) -> None:
+    print(json.dumps(payload, indent=2))
+
+
+def installed_extras() -> dict[str, bool]:
+    """Each optional extra of hetlab, and whether everything it needs is installed."""
+    meta = metadata.metadata("hetlab")
+    extras = {}
+    for extra in meta.get_all("Provides-Extra") or []:
+        needs = [
+            re.split(r"[\s;<>=!~\[]", req, maxsplit=1)[0]
+            for req in meta.get_all("Requires-Dist") or []
+            if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", req)
+        ]
+        extras[extra] = all(_installed(name) for name in needs if name != "hetlab")
+    return extras
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+        return True
+    except metadata.PackageNotFoundError:
+        return False
+
+
+@dataclass(frozen=True)
+class InfoConfig:
+    device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
+    threads: int = 0  # physics threads to budget for; 0 = every core
+    json: bool = False
+
+
+@app.command(name="info")
+def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> None:
+    """Learner device and its capabilities, CPU thread budget, versions and installed extras."""
+    device = pick_device(cfg.device)
+    budget = thread_budget(device, cfg.threads)
+    report = {
+        "device": device.torch_device,
+        "device_kind": device.kind,
+        "device_name": device.name,
+        "pinned_memory": device.pinned_memory,
+        "async_copy": device.async_copy,
+        "bf16": device.bf16,
+        "cpu_count": budget.cores,
+        "physics_threads": budget.physics,
+        "torch_threads": budget.torch,
+        "versions": {
+            "hetlab": hetlab.__version__,
+            "python": platform.python_version(),
+            "mujoco": mujoco.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+        },
+        "extras": installed_extras(),
+        "device_choices": list(DEVICE_CHOICES),
+    }
+    if cfg.json:
+        _print_json(report)
+        return
+    table = Table(title="hetlab info", show_header=False)
+    table.add_row("learner device", f"{device.torch_device} ({device.kind}: {device.name})")
+    table.add_row("capabilities", ", ".join(f"{k}={'yes' if getattr(device, k) else 'no'}" for k in ("pinned_memory", "async_copy", "bf16")))
+    table.add_row("CPU cores", str(budget.cores))
+    table.add_row("thread budget", f"physics {budget.physics}, torch {budget.torch}")
+    table.add_row("versions", ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
+    table.add_row("extras", ", ".join(f"{k} {'installed' if ok else 'missing'}" for k, ok in report["extras"].items()))
+    console.print(table)
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    json: bool = False
+
+
+@app.command(name="tasks")
+def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -> None:
+    """The registered tasks with their observation and action sizes."""
+    rows = [
+        {
+            "name": name,
+            "obs": dict(cls.obs_sizes),
+            "actions": cls.action_size,
+            "control_hz": round(1.0 / cls.control_dt, 3),
+            "episode_seconds": cls.episode_seconds,
+        }
+        for name, cls in sorted(TASKS.items())
+    ]
+    if cfg.json:
+        _print_json(rows)
+        return
+    table = Table(title="hetlab tasks")
+    table.add_column("task", no_wrap=True)
+    for column in ("policy obs", "critic obs", "actions", "control Hz", "episode s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            row["name"], str(row["obs"]["policy"]), str(row["obs"]["critic"]), str(row["actions"]),
+            f"{row['control_hz']:g}", f"{row['episode_seconds']:g}",
+        )
+    console.print(table)
+
+
+@bench.command(name="sim")
+def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchConfig()) -> None:
+    """Physics substeps/s vs task env-steps/s, and the task_efficiency between them."""
+    make_config(cfg.task, num_envs=cfg.envs, threads=cfg.threads)  # bad input fails before any work
+    with Progress(console=err_console, transient=True) as progress:
+        result = run_sim_bench(cfg, progress)
+    if cfg.json:
+        _print_json(result)
+        return
+    table = Table(title=f"bench sim: {result['task']}, {result['envs']} envs, {result['threads']} threads")
+    table.add_column("metric")
+    table.add_column("median", justify="right")
+    table.add_column(f"per round ({result['rounds']})", justify="right")
+    rounds = result["per_round"]
+    table.add_row("physics substeps/s", f"{result['physics_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["physics_steps_per_s"]))
+    table.add_row("env steps/s", f"{result['env_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["env_steps_per_s"]))
+    table.add_row("task_efficiency", f"{result['task_efficiency']:.3f}", " ".join(f"{v:.3f}" for v in rounds["task_efficiency"]))
+    console.print(table)
+
+
+app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app.cli(prog="hetlab", args=argv, description="Train robot policies with each stage on the device that suits it.")
+    except UserError as e:
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""How much of an env step is physics: a task's env-steps/s against plain `mujoco.batch` stepping.
+
+Both loops run the same compiled model, with the same envs, substeps and threads, in
+alternating rounds so that drift of a shared machine hits both alike. The plain loop
+only calls `Batch.step`; the task loop runs the whole MDP (actions → PD targets →
+physics → rewards → terminations → observations → auto-reset) on fixed random actions.
+
+    task_efficiency = env_steps/s × substeps ÷ physics_substeps/s
+
+is the share of the wall time that goes to physics; 1.0 means the task layer is free.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import mujoco
+import mujoco.batch
+import numpy as np
+from rich.progress import Progress
+
+from hetlab.errors import UserError
+from hetlab.tasks import make_task
+
+
+@dataclass(frozen=True)
+class SimBenchConfig:
+    """Measure physics substeps/s and task env-steps/s for one task."""
+
+    task: str = "go1-joystick-flat"
+    envs: int = 1024
+    seconds: float = 10.0  # total measuring time, split over the rounds and both loops
+    threads: int = 0  # physics threads; 0 = every core
+    rounds: int = 3  # alternating physics/task rounds; results are medians over rounds
+    json: bool = False  # print one JSON object instead of a table
+
+
+def _rate(step, units_per_call: int, seconds: float) -> float:
+    """Calls `step` for `seconds` of wall time; returns units per second."""
+    calls = 0
+    start = time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        step(calls)
+        calls += 1
+    return calls * units_per_call / elapsed
+
+
+def run_sim_bench(cfg: SimBenchConfig, progress: Progress | None = None) -> dict:
+    if cfg.seconds <= 0 or cfg.rounds < 1:
+        raise UserError(f"--seconds must be > 0 and --rounds ≥ 1, got {cfg.seconds} and {cfg.rounds}")
+    task = make_task(cfg.task, num_envs=cfg.envs, threads=cfg.threads, seed=0)
+    task.reset()
+    threads = task.sim.threads
+    model = task.sim.model
+    plain = mujoco.batch.Batch(model, cfg.envs, nthread=threads)
+    keyframe = -1 if task.keyframe is None else model.key(task.keyframe).id
+    plain.reset(keyframe=keyframe)  # standing still on its keyframe controls
+    actions = np.random.default_rng(0).uniform(-1, 1, (16, cfg.envs, task.action_size)).astype(np.float32)
+    substeps = task.substeps
+
+    def physics_step(i: int) -> None:
+        plain.step(nstep=substeps)
+
+    def task_step(i: int) -> None:
+        task.step(actions[i % len(actions)])
+
+    physics_step(0), task_step(0)  # warm up both before timing
+    slot = cfg.seconds / (2 * cfg.rounds)
+    physics, env = [], []
+    job = progress.add_task(f"{cfg.task} × {cfg.envs} envs", total=cfg.rounds) if progress else None
+    for _ in range(cfg.rounds):
+        physics.append(_rate(physics_step, cfg.envs * substeps, slot))
+        env.append(_rate(task_step, cfg.envs, slot))
+        if progress:
+            progress.advance(job)
+    efficiency = [e * substeps / p for e, p in zip(env, physics)]
+    return {
+        "task": cfg.task,
+        "envs": cfg.envs,
+        "threads": threads,
+        "substeps": substeps,
+        "seconds": cfg.seconds,
+        "rounds": cfg.rounds,
+        "physics_steps_per_s": statistics.median(physics),
+        "env_steps_per_s": statistics.median(env),
+        "task_efficiency": statistics.median(efficiency),
+        "per_round": {"physics_steps_per_s": physics, "env_steps_per_s": env, "task_efficiency": efficiency},
+        "mujoco": mujoco.__version__,
+    }
