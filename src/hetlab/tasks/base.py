@@ -4,7 +4,8 @@ A task turns actions into controls, steps the physics with decimation, and retur
 observation groups (`policy`, and `critic` with privileged extras), a reward that is a
 weighted sum of named terms, and separate `terminated` (a real end) and `truncated`
 (time-out) flags. Finished envs are reset inside `step`; their last observation is kept
-in `info["final_obs"]` so a learner can bootstrap from it on time-outs.
+in `info["final_obs"]` so a learner can bootstrap from it on time-outs. Every call returns
+fresh arrays: keeping last step's observations needs no copy.
 
 Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observe`; optional
 hooks are `_update_state` (derive this step's quantities from physics, before rewards),
