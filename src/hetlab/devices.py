@@ -98,13 +98,14 @@ class ThreadBudget:
     torch: int  # torch intra-op threads on the learner side
 
 
-def thread_budget(device: LearnerDevice, physics_threads: int = 0) -> ThreadBudget:
+def thread_budget(device: LearnerDevice, physics_threads: int = 0, overlap: bool = False) -> ThreadBudget:
     """Split the cores so physics and torch threads do not oversubscribe them.
 
-    With an accelerator the learner only launches kernels, so one torch thread is enough
-    and physics gets every core. On a CPU learner both want all cores; the default runs
-    them in turn (sync collection), so each gets the whole machine while it is busy.
-    `physics_threads` > 0 asks for an explicit count, which must fit the cores.
+    With an accelerator the learner only launches kernels: one torch thread is enough and
+    physics gets every core. A CPU learner that takes turns with physics (`overlap=False`,
+    sync collection) gets every core too, since only one of them is busy at a time; one
+    that runs at the same time as physics (async) gets half the cores and physics the rest.
+    `physics_threads` > 0 asks for an explicit physics count, which must fit the cores.
     """
     cores = cpu_count()
     if physics_threads < 0:
@@ -113,9 +114,14 @@ def thread_budget(device: LearnerDevice, physics_threads: int = 0) -> ThreadBudg
         raise UserError(
             f"--threads {physics_threads} exceeds the {cores} CPU cores available; use at most {cores}"
         )
-    physics = physics_threads or cores
-    torch_threads = 1 if device.is_accelerator else cores
-    return ThreadBudget(cores=cores, physics=physics, torch=torch_threads)
+    if device.is_accelerator:
+        torch_threads = 1
+    elif overlap:
+        torch_threads = max(1, cores // 2)
+    else:
+        torch_threads = cores
+    default_physics = max(1, cores - torch_threads) if overlap and not device.is_accelerator else cores
+    return ThreadBudget(cores=cores, physics=physics_threads or default_physics, torch=torch_threads)
 
 
 def apply_thread_budget(budget: ThreadBudget) -> None:

@@ -4,7 +4,7 @@ Tasks are written against these Protocols only. The arrays a backend hands out a
 they alias the backend's state, so reading them costs nothing and a write to `qpos`,
 `qvel` or `ctrl` is the environment's state at the next `step`. Derived quantities
 (sensors, body poses) describe the state before the last physics substep, as MuJoCo's
-`mj_step` leaves them.
+`mj_step` leaves them; they are outputs, so writing to them changes nothing.
 """
 
 from __future__ import annotations
@@ -76,5 +76,6 @@ class DomainRandomisable(Protocol):
         ...
 
     def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
-        """Recompute the constants that depend on written fields (masses → inertia)."""
+        """Recompute the model constants derived from written fields (e.g. from masses:
+        subtree masses and the constraint solver's inverse weights)."""
         ...

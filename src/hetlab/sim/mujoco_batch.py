@@ -48,6 +48,7 @@ class MujocoBatchSim:
         self.qvel = self.batch.bind("qvel")
         self.ctrl = self.batch.bind("ctrl")
         self._qacc = self.batch.bind("qacc")
+        self._bound_derived: set[str] = set()
         self._unstable = self.batch.warning[:, _UNSTABLE_WARNINGS, 1]  # a copy: refreshed in step
         noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
         self._noisy_qpos = model.jnt_qposadr[noisy]
@@ -82,7 +83,7 @@ class MujocoBatchSim:
         return diverged
 
     def reset(self, env_ids: np.ndarray, noise: float = 0.0) -> None:
-        ids = np.asarray(env_ids, dtype=np.int64)
+        ids = _sorted_ids(env_ids)
         if ids.size == 0:
             return
         # No forward pass here: callers perturb the state further, then call forward once.
@@ -93,16 +94,27 @@ class MujocoBatchSim:
             self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
 
     def forward(self, env_ids: np.ndarray) -> None:
-        self.batch.forward(np.asarray(env_ids, dtype=np.int64))
+        self.batch.forward(_sorted_ids(env_ids))
 
     def sensor(self, name: str) -> np.ndarray:
         sensor = self._named(self.model.sensor, "sensor", name)
         adr, dim = int(sensor.adr[0]), int(sensor.dim[0])
-        return self.batch.bind("sensordata")[:, adr : adr + dim]
+        return self._derived("sensordata")[:, adr : adr + dim]
 
     def body_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         body = self._named(self.model.body, "body", name).id
-        return self.batch.bind("xpos")[:, body], self.batch.bind("xquat")[:, body]
+        return self._derived("xpos")[:, body], self._derived("xquat")[:, body]
+
+    def _derived(self, field: str) -> np.ndarray:
+        """A derived field's live array. The batch copies out only the fields bound before a
+        call, and each one costs a copy per call, so they are bound on first use, and filled
+        for every env then by one forward pass."""
+        first_use = field not in self._bound_derived
+        array = self.batch.bind(field)
+        if first_use:
+            self._bound_derived.add(field)
+            self.batch.forward()
+        return array
 
     def joint_index(self, name: str) -> tuple[int, int]:
         joint = self._named(self.model.joint, "joint", name).id
@@ -132,3 +144,8 @@ class MujocoBatchSim:
             return lookup(name)
         except KeyError:
             raise UserError(f"the model has no {kind} named {name!r}") from None
+
+
+def _sorted_ids(env_ids: np.ndarray) -> np.ndarray:
+    # mujoco.batch takes sorted, unique simulation ids.
+    return np.unique(np.asarray(env_ids, dtype=np.int64))

@@ -40,6 +40,7 @@ AIR_TIME_TARGET = 0.1  # s
 TRACKING_SIGMA = 0.25
 POSE_WEIGHTS = np.tile([1.0, 1.0, 0.1], 4)
 MIN_TRUNK_HEIGHT = 0.15  # m; lower counts as a fall
+FLOOR_FRICTION = 0.6  # nominal; the floor's priority makes its friction the contact's
 # Policy observation noise (uniform ±), as in Playground: linear velocity, gyro, gravity,
 # joint positions, joint velocities; none on the last action and the command.
 POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.full(12, 0.03), np.full(12, 1.5), np.zeros(15)])
@@ -100,7 +101,7 @@ class Go1JoystickFlat(Task):
             foot.solimp[:3] = [0.9, 0.95, 0.023]
         spec.worldbody.add_geom(
             name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 0.01],
-            contype=1, conaffinity=0, condim=3, priority=1, friction=[0.6, 0.005, 0.0001],
+            contype=1, conaffinity=0, condim=3, priority=1, friction=[FLOOR_FRICTION, 0.005, 0.0001],
         )
         frictionloss = {"hip": 0.3, "thigh": 0.3, "calf": 1.0}
         for name in JOINTS:
@@ -137,6 +138,8 @@ class Go1JoystickFlat(Task):
         self._swing_peak = np.zeros((n, 4))
         self._last_contact = np.zeros((n, 4), bool)
         self._step_proprio: tuple[np.ndarray, ...] | None = None
+        # What the critic sees of the physics parameters when nothing is randomised.
+        self._nominal_params = np.tile(np.float32([FLOOR_FRICTION, 1.0, 1.0]), (n, 1))
 
     @staticmethod
     def _contiguous(indices: list[int]) -> slice:
@@ -230,7 +233,7 @@ class Go1JoystickFlat(Task):
             linvel, gyro, gravity, joint_pos - DEFAULT_POSE, joint_vel, self.last_actions[ids], self.commands.values[ids],
             self.sim.qpos[ids, 2:3], self._last_contact[ids], self._air_time[ids],
             np.stack([p[ids, 2] for p in self._feet_pos], axis=1),
-            np.ones((n, 3)) if self.randomiser is None else self.randomiser.params[ids],
+            self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
         )
         start = 0
         for column in columns:

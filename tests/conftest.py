@@ -1,0 +1,159 @@
+"""Shared fixtures: small scenes, and sims built on every BatchSim backend.
+
+A second physics backend is one entry in `SIM_BACKENDS`: a function with the signature
+`(model, num_envs, *, threads, seed, keyframe) -> BatchSim`. Every test that takes the
+`backend` fixture (or `make_sim`) then runs once per backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import mujoco
+import numpy as np
+import pytest
+
+from hetlab.sim.mujoco_batch import MujocoBatchSim
+from hetlab.tasks import TASKS, make_config
+from hetlab.tasks.base import Task
+from hetlab.tasks.cartpole import CartpoleBalance
+from hetlab.tasks.go1_joystick import Go1JoystickFlat
+
+SimFactory = Callable[..., object]
+
+SIM_BACKENDS: dict[str, SimFactory] = {
+    "mujoco_batch": lambda model, num_envs, *, threads=1, seed=0, keyframe=None: MujocoBatchSim(
+        model, num_envs, threads=threads, seed=seed, keyframe=keyframe
+    ),
+}
+
+# A model with every joint type (free, slide, hinge, ball), two kinds of actuator, sensors
+# of three widths and a keyframe whose state and controls all differ from the defaults, so a
+# reset to the keyframe is distinguishable from a reset to qpos0.
+TOY_XML = """
+<mujoco model="toy">
+  <option timestep="0.005"/>
+  <worldbody>
+    <geom name="floor" type="plane" size="5 5 0.1"/>
+    <body name="box" pos="0 0 1">
+      <freejoint name="free"/>
+      <geom name="box" type="box" size="0.1 0.1 0.1" mass="1"/>
+    </body>
+    <body name="cart" pos="2 0 1">
+      <joint name="slide" type="slide" axis="1 0 0" damping="0.1"/>
+      <geom name="cart" type="box" size="0.1 0.1 0.05" mass="1" contype="0" conaffinity="0"/>
+      <body name="pole">
+        <joint name="hinge" type="hinge" axis="0 1 0" damping="0.01"/>
+        <geom name="pole" type="capsule" fromto="0 0 0 0 0 0.5" size="0.03" mass="0.2"
+              contype="0" conaffinity="0"/>
+        <site name="tip" pos="0 0 0.5"/>
+        <body name="bob" pos="0 0 0.5">
+          <joint name="ball" type="ball" damping="0.01"/>
+          <geom name="bob" type="sphere" size="0.05" pos="0 0 0.1" mass="0.1"
+                contype="0" conaffinity="0"/>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor name="push" joint="slide" gear="10" ctrlrange="-1 1"/>
+    <position name="swing" joint="hinge" kp="5"/>
+  </actuator>
+  <sensor>
+    <jointpos name="hinge_pos" joint="hinge"/>
+    <framepos name="tip_pos" objtype="site" objname="tip"/>
+    <framequat name="tip_quat" objtype="site" objname="tip"/>
+  </sensor>
+  <keyframe>
+    <key name="start" qpos="0.1 0 1.5 1 0 0 0  0.3  0.2  0.9238795 0 0.3826834 0"
+         qvel="0.5 0 0 0 0 0.2  -0.1  0.4  0 0 0.3" ctrl="0.5 0.1"/>
+  </keyframe>
+</mujoco>
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    name: str
+    model: mujoco.MjModel
+    keyframe: str | None
+
+    @property
+    def key_id(self) -> int:
+        return self.model.key(self.keyframe).id
+
+    @property
+    def key_qpos(self) -> np.ndarray:
+        return self.model.key_qpos[self.key_id]
+
+    @property
+    def key_qvel(self) -> np.ndarray:
+        return self.model.key_qvel[self.key_id]
+
+    @property
+    def key_ctrl(self) -> np.ndarray:
+        return self.model.key_ctrl[self.key_id]
+
+
+@pytest.fixture(scope="session")
+def toy_scene() -> Scene:
+    return Scene("toy", mujoco.MjModel.from_xml_string(TOY_XML), "start")
+
+
+@pytest.fixture(scope="session")
+def cartpole_scene() -> Scene:
+    return Scene("cartpole", CartpoleBalance.build_model(CartpoleBalance.Config()), CartpoleBalance.keyframe)
+
+
+@pytest.fixture(scope="session")
+def go1_scene() -> Scene:
+    return Scene("go1", Go1JoystickFlat.build_model(Go1JoystickFlat.Config()), Go1JoystickFlat.keyframe)
+
+
+@pytest.fixture(params=["toy", "cartpole", "go1"])
+def scene(request) -> Scene:
+    """Each small scene in turn."""
+    return request.getfixturevalue(f"{request.param}_scene")
+
+
+@pytest.fixture(params=sorted(SIM_BACKENDS))
+def backend(request) -> SimFactory:
+    """Each BatchSim backend's constructor in turn."""
+    return SIM_BACKENDS[request.param]
+
+
+@pytest.fixture
+def make_sim(backend):
+    """`make_sim(scene, num_envs=4, threads=1, seed=0)`: a sim of `scene` on this backend."""
+
+    def make(scene: Scene, num_envs: int = 4, threads: int = 1, seed: int = 0):
+        return backend(scene.model, num_envs, threads=threads, seed=seed, keyframe=scene.keyframe)
+
+    return make
+
+
+@pytest.fixture
+def make_task_on(backend):
+    """Like hetlab.tasks.make_task, but the task's sim comes from this test's backend."""
+
+    def make(name: str, **overrides) -> Task:
+        overrides.setdefault("threads", 1)
+        cfg = make_config(name, **overrides)
+        cls = TASKS[name]
+        sim = backend(cls.build_model(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe)
+        return cls(sim, cfg)
+
+    return make
+
+
+@pytest.fixture
+def random_actions():
+    """`random_actions(task, steps, seed=0, scale=1.0)`: (steps, num_envs, action_size) float32
+    actions in ±scale from a fixed generator."""
+
+    def draw(task: Task, steps: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return rng.uniform(-scale, scale, (steps, task.num_envs, task.action_size)).astype(np.float32)
+
+    return draw
