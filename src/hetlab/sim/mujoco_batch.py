@@ -53,7 +53,13 @@ class MujocoBatchSim:
         noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
         self._noisy_qpos = model.jnt_qposadr[noisy]
         self._noisy_qvel = model.jnt_dofadr[noisy]
-        self.reset(np.arange(num_envs))
+        # Each env is its row of integration state (positions, velocities, controls, warm
+        # start, ...): a reset writes the keyframe's row, which costs no MuJoCo call.
+        self.batch.reset(keyframe=self._keyframe, stage=mujoco.mjtStage.mjSTAGE_NONE)
+        self._initial_state = self.batch.state[0].copy()
+        # The forward pass after a reset computes what the sensors need, and no more.
+        needs_acc = np.any(model.sensor_needstage == int(mujoco.mjtStage.mjSTAGE_ACC))
+        self._forward_stage = mujoco.mjtStage.mjSTAGE_ACC if needs_acc else mujoco.mjtStage.mjSTAGE_VEL
         self.forward(np.arange(num_envs))
 
     @property
@@ -87,14 +93,15 @@ class MujocoBatchSim:
         if ids.size == 0:
             return
         # No forward pass here: callers perturb the state further, then call forward once.
-        self.batch.reset(ids, keyframe=self._keyframe, stage=mujoco.mjtStage.mjSTAGE_NONE)
+        self.batch.state[ids] = self._initial_state
+        self.batch.warning[ids] = 0
         if noise > 0.0:
             rows = ids[:, None]
             self.qpos[rows, self._noisy_qpos] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qpos)))
             self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
 
     def forward(self, env_ids: np.ndarray) -> None:
-        self.batch.forward(_sorted_ids(env_ids))
+        self.batch.forward(_sorted_ids(env_ids), stage=self._forward_stage)
 
     def sensor(self, name: str) -> np.ndarray:
         sensor = self._named(self.model.sensor, "sensor", name)
@@ -113,7 +120,7 @@ class MujocoBatchSim:
         array = self.batch.bind(field)
         if first_use:
             self._bound_derived.add(field)
-            self.batch.forward()
+            self.batch.forward(stage=self._forward_stage)
         return array
 
     def joint_index(self, name: str) -> tuple[int, int]:

@@ -176,7 +176,7 @@ class Go1JoystickFlat(Task):
 
         feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
         self._feet_z = feet_z
-        self._feet_speed_xy2 = np.stack([np.square(v[:, :2]).sum(axis=1) for v in self._feet_vel], axis=1)
+        self._feet_speed_xy2 = np.square(np.stack([v[:, :2] for v in self._feet_vel], axis=1)).sum(axis=2)
         contact = feet_z < CONTACT_HEIGHT
         self._contact = contact
         self._contact_filtered = contact | self._last_contact
@@ -199,7 +199,7 @@ class Go1JoystickFlat(Task):
         v, gyro = self._linvel, self._gyro
         q = self._joint_pos - DEFAULT_POSE
         torques = self._torques
-        cmd_norm = np.linalg.norm(cmd, axis=1)
+        cmd_norm = np.sqrt(np.square(cmd).sum(axis=1))
         return {
             "tracking_lin_vel": np.exp(-np.square(cmd[:, :2] - v[:, :2]).sum(axis=1) / TRACKING_SIGMA),
             "tracking_ang_vel": np.exp(-np.square(cmd[:, 2] - gyro[:, 2]) / TRACKING_SIGMA),

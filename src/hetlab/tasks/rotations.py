@@ -9,9 +9,17 @@ def rotate_inverse(quat: np.ndarray, vec: np.ndarray) -> np.ndarray:
     """Express world vectors `vec` (N, 3) in the frames whose orientations are `quat` (N, 4)."""
     w = quat[:, :1]
     u = quat[:, 1:]
-    t = 2.0 * np.cross(u, vec)
+    t = 2.0 * _cross(u, vec)
     # Rotation by the conjugate: v - w t + u × t, with t = 2 u × v.
-    return vec - w * t + np.cross(u, t)
+    return vec - w * t + _cross(u, t)
+
+
+_NEXT, _PREV = [1, 2, 0], [2, 0, 1]
+
+
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # Row-wise a × b; several times faster than np.cross on (N, 3) arrays.
+    return a[:, _NEXT] * b[:, _PREV] - a[:, _PREV] * b[:, _NEXT]
 
 
 def projected_gravity(quat: np.ndarray) -> np.ndarray:
