@@ -44,6 +44,14 @@ class BatchSim(Protocol):
         """Recompute sensors and body poses of `env_ids` after their state was written."""
         ...
 
+    def get_state(self) -> dict:
+        """A copy of every env's physics state, the divergence count and the generator."""
+        ...
+
+    def set_state(self, state: dict) -> None:
+        """Restore `get_state()` of a sim of the same model and size (derived fields included)."""
+        ...
+
     def sensor(self, name: str) -> np.ndarray:
         """Live (num_envs, dim) view of one named sensor's output."""
         ...

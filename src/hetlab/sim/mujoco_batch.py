@@ -103,6 +103,19 @@ class MujocoBatchSim:
     def forward(self, env_ids: np.ndarray) -> None:
         self.batch.forward(_sorted_ids(env_ids), stage=self._forward_stage)
 
+    def get_state(self) -> dict:
+        return {"rows": self.batch.state.copy(), "divergences": self.divergences, "rng": self._rng.bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        rows = np.asarray(state["rows"])
+        if rows.shape != self.batch.state.shape:
+            raise UserError(f"sim state of shape {rows.shape} does not fit this sim's {self.batch.state.shape}")
+        self.batch.state[...] = rows
+        self.batch.warning[...] = 0
+        self.divergences = int(state["divergences"])
+        self._rng.bit_generator.state = state["rng"]
+        self.forward(np.arange(self.num_envs))
+
     def sensor(self, name: str) -> np.ndarray:
         sensor = self._named(self.model.sensor, "sensor", name)
         adr, dim = int(sensor.adr[0]), int(sensor.dim[0])

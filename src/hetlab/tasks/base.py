@@ -52,6 +52,9 @@ class Task(ABC):
     action_size: int
     reward_weights: dict[str, float]
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
+    # Per-env arrays that, with the sim's state and the generator, make up the task's state;
+    # subclasses extend the tuple with their own (dotted names reach into members).
+    state_arrays: ClassVar[tuple[str, ...]] = ("episode_step", "episode_return", "last_actions")
 
     @classmethod
     @abstractmethod
@@ -121,6 +124,33 @@ class Task(ABC):
                 obs[group][ids] = values
         self._obs = obs
         return obs, reward, terminated, truncated, info
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that decides the task's future, for an exact resume: per-env arrays, the
+        current observations, the generator and the physics state."""
+        if self._obs is None:
+            raise RuntimeError("call reset() before state_dict()")
+        return {
+            "arrays": {name: self._resolve(name).copy() for name in self.state_arrays},
+            "obs": {group: values.copy() for group, values in self._obs.items()},
+            "rng": self.rng.bit_generator.state,
+            "sim": self.sim.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> Obs:
+        """Restore a `state_dict()` of a task built with the same config; returns the current obs."""
+        for name, values in state["arrays"].items():
+            self._resolve(name)[...] = values
+        self.rng.bit_generator.state = state["rng"]
+        self.sim.set_state(state["sim"])
+        self._obs = {group: values.copy() for group, values in state["obs"].items()}
+        return self._obs
+
+    def _resolve(self, dotted: str) -> np.ndarray:
+        owner = self
+        for part in dotted.split("."):
+            owner = getattr(owner, part)
+        return owner
 
     # -- shared machinery ---------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ class Go1JoystickFlat(Task):
     obs_sizes = {"policy": 48, "critic": 64}
     action_size = 12
     reward_scale = control_dt
+    state_arrays = Task.state_arrays + ("_air_time", "_swing_peak", "_last_contact", "commands.values")
     reward_weights = {
         "tracking_lin_vel": 1.0,
         "tracking_ang_vel": 0.5,
