@@ -24,6 +24,7 @@ from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
 from hetlab.tasks import TASKS, make_config
+from hetlab.train import TrainConfig
 
 app = SubcommandApp()
 bench = SubcommandApp()
@@ -154,6 +155,14 @@ def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchC
     table.add_row("env steps/s", f"{result['env_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["env_steps_per_s"]))
     table.add_row("task_efficiency", f"{result['task_efficiency']:.3f}", " ".join(f"{v:.3f}" for v in rounds["task_efficiency"]))
     console.print(table)
+
+
+@app.command(name="train")
+def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -> None:
+    """Train a policy: CPU collectors feed a learner on the best device (prints the run directory first)."""
+    from hetlab.train import train as run_training
+
+    run_training(cfg)
 
 
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")

@@ -11,7 +11,8 @@ weights ρ_t = min(ρ̄, π_target/μ) and c_t = min(c̄, π_target/μ). The sur
 π_θ/π_target, a ratio to a policy the learner holds still, so several epochs on one batch stay
 in a trust region however stale the batch was. The target network is a copy of the actor
 (normaliser included) refreshed every `target_update_interval` updates. Time-outs are
-bootstrapped as in PPO, and the batch is folded into the normalisers after the epochs.
+bootstrapped as in PPO, the learning rate follows PPO's KL schedule (here the KL from the
+target policy), and the batch is folded into the normalisers after the epochs.
 """
 
 from __future__ import annotations
@@ -20,9 +21,17 @@ import copy
 from dataclasses import dataclass
 
 import torch
+from torch.distributions import Normal, kl_divergence
 
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
-from hetlab.algos.ppo import apply_gradients, bootstrap_time_outs, clipped_surrogate_loss, minibatch_indices
+from hetlab.algos.ppo import (
+    apply_gradients,
+    bootstrap_time_outs,
+    clipped_surrogate_loss,
+    kl_adapted_learning_rate,
+    minibatch_indices,
+    set_learning_rate,
+)
 from hetlab.errors import UserError
 
 
@@ -40,7 +49,10 @@ class APPOConfig:
     normalize_advantages: bool = True  # over the batch, as PPO, so the entropy coefficient means the same
     value_loss_coef: float = 1.0
     entropy_coef: float = 0.01
-    learning_rate: float = 1e-3  # Adam, fixed (PPO's starting rate)
+    learning_rate: float = 1e-3  # Adam; the starting point when the schedule is adaptive
+    desired_kl: float | None = 0.01  # adapt the learning rate to the KL from the target policy; None: fixed
+    min_learning_rate: float = 1e-5
+    max_learning_rate: float = 1e-2
     max_grad_norm: float = 1.0
     num_learning_epochs: int = 5
     num_mini_batches: int = 4
@@ -68,6 +80,7 @@ class APPO:
         )
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.updates = 0
+        self.learning_rate = cfg.learning_rate
         self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -84,7 +97,8 @@ class APPO:
                 batch["rewards"], batch["truncated"], batch["final_critic_obs"], self.critic, cfg.gamma
             )
             # 2. V-trace with the target policy against the behaviour policy.
-            target_log_probs = self.target_actor.distribution(policy_obs[:-1]).log_prob(actions).sum(-1)
+            target = self.target_actor.distribution(policy_obs[:-1])
+            target_log_probs = target.log_prob(actions).sum(-1)
             log_rhos = target_log_probs - batch["log_probs"]
             vtrace_targets, advantages = vtrace(rewards, values, dones, log_rhos, cfg.gamma, cfg.rho_bar, cfg.c_bar)
             if cfg.normalize_advantages:
@@ -94,10 +108,11 @@ class APPO:
         samples = {
             "policy_obs": policy_obs[:-1], "critic_obs": critic_obs[:-1], "actions": actions,
             "target_log_probs": target_log_probs, "vtrace_targets": vtrace_targets, "advantages": advantages,
+            "target_mean": target.loc, "target_std": target.scale,
         }
         samples = {key: value.flatten(0, 1) for key, value in samples.items()}
         num_samples = samples["actions"].shape[0]
-        totals = dict.fromkeys(("value_loss", "surrogate_loss", "entropy", "clip_fraction"), 0.0)
+        totals = dict.fromkeys(("value_loss", "surrogate_loss", "entropy", "kl", "clip_fraction"), 0.0)
 
         # 3. Epochs × minibatches: clipped surrogate on π_θ/π_target, value regression to V-trace.
         minibatches = minibatch_indices(num_samples, cfg.num_mini_batches, self.generator, self.device)
@@ -106,6 +121,12 @@ class APPO:
                 mb = {key: value[index] for key, value in samples.items()}
                 dist = self.actor.distribution(mb["policy_obs"])
                 entropy = dist.entropy().sum(-1).mean()
+                # As PPO: the learning rate follows the KL from the policy the ratio is clipped to.
+                with torch.no_grad():
+                    kl = kl_divergence(Normal(mb["target_mean"], mb["target_std"]), dist).sum(-1).mean()
+                if cfg.desired_kl is not None:
+                    self.learning_rate = kl_adapted_learning_rate(self.learning_rate, kl.item(), cfg)
+                    set_learning_rate(self.optimizer, self.learning_rate)
                 ratio = (dist.log_prob(mb["actions"]).sum(-1) - mb["target_log_probs"]).exp()
                 surrogate_loss = clipped_surrogate_loss(ratio, mb["advantages"], cfg.clip_param)
                 value_loss = (self.critic(mb["critic_obs"]) - mb["vtrace_targets"]).square().mean()
@@ -116,6 +137,7 @@ class APPO:
                 totals["value_loss"] += value_loss.detach()
                 totals["surrogate_loss"] += surrogate_loss.detach()
                 totals["entropy"] += entropy.detach()
+                totals["kl"] += kl
                 totals["clip_fraction"] += ((ratio - 1).abs() > cfg.clip_param).float().mean()
 
         # 4. Fold the batch into the normalisers, then refresh the target when due (it copies them too).
@@ -128,7 +150,7 @@ class APPO:
         # 5. Metrics.
         steps = cfg.num_learning_epochs * len(minibatches)
         metrics = {key: float(total / steps) for key, total in totals.items()}
-        metrics["learning_rate"] = cfg.learning_rate
+        metrics["learning_rate"] = self.learning_rate
         metrics["action_std_mean"] = float(self.actor.log_std.detach().exp().mean())
         metrics["importance_weight_mean"] = float(importance_weights.mean())  # π_target/μ before truncation
         metrics["importance_weight_clip_fraction"] = float((importance_weights > cfg.rho_bar).float().mean())
@@ -142,6 +164,7 @@ class APPO:
             "target_actor": self.target_actor.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "updates": self.updates,
+            "learning_rate": self.learning_rate,
             "generator": self.generator.get_state(),
         })
 
@@ -151,6 +174,7 @@ class APPO:
         self.target_actor.load_state_dict(state["target_actor"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = int(state["updates"])
+        self.learning_rate = float(state["learning_rate"])
         self.generator.set_state(state["generator"].cpu())
 
 

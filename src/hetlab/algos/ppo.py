@@ -18,8 +18,8 @@ What differs, because here the learner gets a finished rollout instead of steppi
 - the KL is the exact Gaussian KL, and the minibatches leave out a random remainder of the
   batch (rsl_rl always leaves out the same last samples).
 
-`bootstrap_time_outs`, `gae`, `minibatch_indices`, `clipped_surrogate_loss` and
-`apply_gradients` at the end of the file are the pieces APPO shares.
+`bootstrap_time_outs`, `gae`, `minibatch_indices`, `kl_adapted_learning_rate`,
+`clipped_surrogate_loss` and `apply_gradients` at the end of the file are the pieces APPO shares.
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ class PPO:
                 with torch.no_grad():
                     kl = kl_divergence(Normal(mb["start_mean"], mb["start_std"]), dist).sum(-1).mean()
                 if cfg.desired_kl is not None:
-                    self._adapt_learning_rate(kl.item())
+                    self.learning_rate = kl_adapted_learning_rate(self.learning_rate, kl.item(), cfg)
+                    set_learning_rate(self.optimizer, self.learning_rate)
 
                 ratio = (log_probs - mb["log_probs"]).exp()
                 surrogate_loss = clipped_surrogate_loss(ratio, mb["advantages"], cfg.clip_param)
@@ -162,15 +163,6 @@ class PPO:
         metrics["action_std_mean"] = float(self.actor.log_std.detach().exp().mean())
         metrics["start_ratio_max_deviation"] = float((start_ratio - 1).abs().max())
         return metrics
-
-    def _adapt_learning_rate(self, kl: float) -> None:
-        cfg = self.cfg
-        if kl > 2.0 * cfg.desired_kl:
-            self.learning_rate = max(cfg.min_learning_rate, self.learning_rate / 1.5)
-        elif kl < 0.5 * cfg.desired_kl:
-            self.learning_rate = min(cfg.max_learning_rate, self.learning_rate * 1.5)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate
 
     def state_dict(self) -> dict:
         """A snapshot (not live tensors) of everything an exact resume needs."""
@@ -230,6 +222,20 @@ def minibatch_indices(num_samples: int, num_mini_batches: int, generator: torch.
         )
     order = torch.randperm(num_samples, generator=generator)[: size * num_mini_batches]
     return order.to(device).view(num_mini_batches, size).unbind(0)
+
+
+def kl_adapted_learning_rate(learning_rate: float, kl: float, cfg) -> float:
+    """rsl_rl's schedule: ÷1.5 when the KL overshoots twice the target, ×1.5 below half of it."""
+    if kl > 2.0 * cfg.desired_kl:
+        return max(cfg.min_learning_rate, learning_rate / 1.5)
+    if kl < 0.5 * cfg.desired_kl:
+        return min(cfg.max_learning_rate, learning_rate * 1.5)
+    return learning_rate
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate
 
 
 def clipped_surrogate_loss(ratio: torch.Tensor, advantages: torch.Tensor, clip: float) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""Checkpoints: nested state (tensors, arrays, numbers, strings) as safetensors + JSON, atomically.
+
+A checkpoint is a directory `checkpoints/<iteration>/` holding `tensors.safetensors` (every
+tensor and array of the state, keyed by its path) and `state.json` (everything else, with
+each tensor replaced by a reference). It is written under a temporary name and renamed
+whole; `checkpoint.json` in the run directory then names the newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+
+KEEP = 2  # newest checkpoints kept per run
+
+
+def _flatten(node: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(node, torch.Tensor):
+        tensors[path] = node.detach().cpu().contiguous()
+        return {"__tensor__": path}
+    if isinstance(node, np.ndarray):
+        tensors[path] = torch.from_numpy(np.ascontiguousarray(node))
+        return {"__ndarray__": path}
+    if isinstance(node, dict):
+        return {"__dict__": [[key, _flatten(value, f"{path}/{key}", tensors)] for key, value in node.items()]}
+    if isinstance(node, (list, tuple)):
+        return [_flatten(value, f"{path}/{i}", tensors) for i, value in enumerate(node)]
+    if isinstance(node, (np.integer, np.floating, np.bool_)):
+        return node.item()
+    return node
+
+
+def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(node, dict):
+        if "__tensor__" in node:
+            return tensors[node["__tensor__"]]
+        if "__ndarray__" in node:
+            return tensors[node["__ndarray__"]].numpy()
+        return {key: _unflatten(value, tensors) for key, value in node["__dict__"]}
+    if isinstance(node, list):
+        return [_unflatten(value, tensors) for value in node]
+    return node
+
+
+def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any]) -> Path:
+    checkpoints = run_dir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    final = checkpoints / f"{iteration:07d}"
+    tmp = checkpoints / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors: dict[str, torch.Tensor] = {}
+    tree = _flatten(state, "", tensors)
+    save_file(tensors, tmp / "tensors.safetensors")
+    (tmp / "state.json").write_text(json.dumps(tree))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": final.name, "iteration": iteration}))
+    for old in sorted(p for p in checkpoints.iterdir() if not p.name.startswith("."))[:-KEEP]:
+        shutil.rmtree(old)
+    return final
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any]:
+    pointer = run_dir / "checkpoint.json"
+    if not pointer.is_file():
+        raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
+    path = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
+    try:
+        tensors = load_file(path / "tensors.safetensors")
+        tree = json.loads((path / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"checkpoint {path} is unreadable ({e}); delete it and resume from an older one") from e
+    return _unflatten(tree, tensors)

@@ -1,0 +1,1 @@
+"""Moving data between devices and processes: shared memory, staging, weight broadcast."""

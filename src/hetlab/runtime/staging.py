@@ -1,0 +1,149 @@
+"""Rollouts from the ring to the learner device, one batch ahead of the learner.
+
+A background thread takes `slots_per_batch` full slots, copies each into one of two host
+buffers (page-locked where the device supports it) along the env axis, releases each slot
+as soon as it is copied out, then copies the batch to the device and hands it over through
+a queue of depth 1. The copy of batch N+1 so overlaps the update on batch N.
+
+Three device paths, chosen by what the device can do:
+- async_copy (CUDA, ROCm, XPU): the host → device copy runs on a side stream; the learner's
+  stream waits for its event, and the host buffer is refilled only after that event.
+- another accelerator (MPS): a plain blocking copy.
+- CPU: no copy; the learner gets the host buffer itself, valid until its next `next()` call.
+The thread starts batch N+1 only once the learner has taken batch N, so at most one batch
+is staged ahead and a host buffer is never refilled while the learner may still read it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+import torch
+
+from hetlab.devices import LearnerDevice
+from hetlab.runtime.rollout_ring import RolloutRing
+
+POLL_S = 0.1  # how often a waiting stager thread checks whether it should stop
+TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
+
+
+class DeviceStager:
+    """`start()`, then per learner iteration `next()`, then `stop()`; see the module docstring."""
+
+    def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice):
+        if slots_per_batch < 1:
+            raise ValueError(f"a batch needs at least one slot, got {slots_per_batch}")
+        self._ring, self._slots, self._device = ring, slots_per_batch, device
+        self._torch_device = torch.device(device.torch_device)
+        envs = ring.layout.num_envs
+        self._host = [self._host_batch(slots_per_batch * envs) for _ in range(2)]
+        self._host_numpy = [{name: t.numpy() for name, t in host.items()} for host in self._host]
+        # torch.cuda or torch.xpu: both have Stream, stream(), current_stream() and events.
+        self._backend = getattr(torch, self._torch_device.type) if device.async_copy else None
+        self._side_stream = self._backend.Stream(self._torch_device) if device.async_copy else None
+        self._copied = [None, None]  # per host buffer: event of its last device copy
+        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._may_stage = threading.Semaphore(1)  # released each time the learner takes a batch
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="hetlab-stager", daemon=True)
+        self._thread.start()
+
+    def next(self, timeout: float | None = None) -> tuple[dict[str, torch.Tensor], list[dict]] | None:
+        """The next batch on the device and the slots' messages (in batch order), or None after
+        `timeout` seconds. Each message gets `transfer_spans`: [("transfer", t0, t1), ...], the
+        stager's busy time on that slot. A CPU batch is valid until the next call."""
+        if self._error is not None:
+            raise self._error
+        try:
+            item = self._ready.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is None:  # the thread failed
+            raise self._error
+        batch, metas, copied = item
+        self._may_stage.release()
+        if copied is not None:
+            # Make the learner's stream wait for the copy, and keep the caching allocator from
+            # reusing the batch's memory (allocated on the side stream) while that stream uses it.
+            consumer = self._backend.current_stream(self._torch_device)
+            consumer.wait_event(copied)
+            for tensor in batch.values():
+                tensor.record_stream(consumer)
+        return batch, metas
+
+    def stop(self) -> None:
+        """Stop and join the thread (it finishes the slot it is copying). Idempotent."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _host_batch(self, num_envs: int) -> dict[str, torch.Tensor]:
+        batch = {}
+        for name, f in self._ring.layout.fields.items():
+            shape = (num_envs,) if name == "policy_version" else (f.shape[0], num_envs, *f.shape[2:])
+            batch[name] = torch.empty(shape, dtype=TORCH_DTYPES[f.dtype], pin_memory=self._device.pinned_memory)
+        return batch
+
+    def _run(self) -> None:
+        try:
+            buffer = 0
+            while not self._stopping.is_set():
+                if not self._may_stage.acquire(timeout=POLL_S):
+                    continue
+                staged = self._stage(buffer)
+                if staged is None:
+                    return
+                self._ready.put(staged)  # never blocks: the learner has taken the previous batch
+                buffer = 1 - buffer
+        except BaseException as error:
+            self._error = error
+            try:
+                self._ready.put_nowait(None)  # wakes a waiting next()
+            except queue.Full:  # next() raises on the call after the batch that fills it
+                pass
+
+    def _stage(self, buffer: int) -> tuple[dict[str, torch.Tensor], list[dict], object] | None:
+        """Fill host buffer `buffer` from the ring and start its device copy; None when stopping."""
+        if self._copied[buffer] is not None:
+            self._copied[buffer].synchronize()  # its previous device copy has finished reading it
+        host, envs = self._host_numpy[buffer], self._ring.layout.num_envs
+        metas = []
+        for i in range(self._slots):
+            taken = None
+            while taken is None:
+                if self._stopping.is_set():
+                    return None
+                taken = self._ring.take(timeout=POLL_S)
+            slot, meta = taken
+            t0 = time.perf_counter()
+            envs_of_slot = slice(i * envs, (i + 1) * envs)
+            for name, values in self._ring.views(slot).items():
+                if name == "policy_version":
+                    host[name][envs_of_slot] = values
+                else:
+                    host[name][:, envs_of_slot] = values
+            self._ring.release(slot)
+            meta["transfer_spans"] = [("transfer", t0, time.perf_counter())]
+            metas.append(meta)
+        t0 = time.perf_counter()
+        batch, copied = self._to_device(buffer)
+        metas[-1]["transfer_spans"].append(("transfer", t0, time.perf_counter()))
+        return batch, metas, copied
+
+    def _to_device(self, buffer: int) -> tuple[dict[str, torch.Tensor], object]:
+        host = self._host[buffer]
+        if not self._device.is_accelerator:
+            return dict(host), None
+        if not self._device.async_copy:
+            return {name: t.to(self._torch_device) for name, t in host.items()}, None
+        with self._backend.stream(self._side_stream):
+            batch = {name: t.to(self._torch_device, non_blocking=True) for name, t in host.items()}
+        self._copied[buffer] = self._side_stream.record_event()
+        return batch, self._copied[buffer]

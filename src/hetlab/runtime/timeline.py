@@ -1,0 +1,107 @@
+"""Where the time goes: busy and waiting spans per stage, per process, per iteration.
+
+Every process records spans `(stage, t0, t1)` with `time.perf_counter()`, which on Linux is
+the system-wide monotonic clock, so spans from collectors, the stager thread and the learner
+line up. The learner gathers them into a `Timeline` that keeps running totals per
+(role, stage) and per iteration for the whole run, and the raw spans of the most recent
+iterations for a Chrome trace (chrome://tracing or ui.perfetto.dev).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict, deque
+from contextlib import contextmanager
+from pathlib import Path
+
+from hetlab.files import atomic_path, write_text_atomic
+
+# Stages that do work; the rest is waiting.
+BUSY_STAGES = ("env_step", "inference", "write", "transfer", "update")
+WAIT_STAGES = ("wait_slot", "wait_weights", "wait_data")
+
+
+class SpanRecorder:
+    """Collects (stage, t0, t1) spans in one process; `take()` hands them over and clears."""
+
+    def __init__(self):
+        self.spans: list[tuple[str, float, float]] = []
+
+    @contextmanager
+    def span(self, stage: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spans.append((stage, t0, time.perf_counter()))
+
+    def take(self) -> list[tuple[str, float, float]]:
+        spans, self.spans = self.spans, []
+        return spans
+
+
+class Timeline:
+    def __init__(self, trace_iterations: int = 20):
+        self.start = time.perf_counter()
+        self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.per_iteration: list[dict[str, dict[str, float]]] = []
+        self._recent: deque[list[tuple[str, str, float, float]]] = deque(maxlen=trace_iterations)
+
+    def add(self, iteration: int, role: str, spans: list[tuple[str, float, float]]) -> None:
+        while len(self.per_iteration) <= iteration:
+            self.per_iteration.append(defaultdict(lambda: defaultdict(float)))
+            self._recent.append([])
+        for stage, t0, t1 in spans:
+            self.totals[role][stage] += t1 - t0
+            self.per_iteration[iteration][role][stage] += t1 - t0
+            self._recent[-1].append((role, stage, t0, t1))
+
+    def fraction(self, role: str, stages: tuple[str, ...]) -> float:
+        """Share of the role's recorded time spent in `stages` (0 when nothing was recorded)."""
+        total = sum(self.totals[role].values())
+        return sum(self.totals[role][s] for s in stages) / total if total else 0.0
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Seconds per stage for every role, over the whole run."""
+        return {role: dict(stages) for role, stages in self.totals.items()}
+
+    def write_chrome_trace(self, path: Path) -> None:
+        roles = sorted({role for spans in self._recent for role, *_ in spans})
+        events = [
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": role}}
+            for tid, role in enumerate(roles)
+        ]
+        for spans in self._recent:
+            for role, stage, t0, t1 in spans:
+                events.append({
+                    "name": stage, "cat": "wait" if stage in WAIT_STAGES else "busy", "ph": "X",
+                    "pid": 0, "tid": roles.index(role),
+                    "ts": (t0 - self.start) * 1e6, "dur": (t1 - t0) * 1e6,
+                })
+        write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+    def plot(self, path: Path, title: str) -> None:
+        """Stacked bars: for each role, the seconds per iteration in each stage (run mean)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        roles = sorted(self.totals)
+        stages = [s for s in BUSY_STAGES + WAIT_STAGES if any(self.totals[r][s] for r in roles)]
+        iterations = max(1, len(self.per_iteration))
+        fig, ax = plt.subplots(figsize=(7, 0.6 * len(roles) + 1.8))
+        left = [0.0] * len(roles)
+        for stage in stages:
+            widths = [self.totals[r][stage] / iterations for r in roles]
+            hatch = "//" if stage in WAIT_STAGES else None
+            ax.barh(roles, widths, left=left, label=stage, hatch=hatch)
+            left = [a + b for a, b in zip(left, widths)]
+        ax.set_xlabel("seconds per iteration (mean over the run)")
+        ax.set_title(title)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small")
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120)
+        plt.close(fig)

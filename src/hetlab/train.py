@@ -1,0 +1,342 @@
+"""`hetlab train`: CPU collectors feed a learner on the best device through shared memory.
+
+The loop, top to bottom: resolve the config and the run directory; build the algorithm on
+the learner device; lay out the rollout ring and the weight broadcast in shared memory;
+spawn the collectors; then per iteration take a staged batch, update, publish the new
+weights, log, and checkpoint. `sync` mode is collect → learn → collect (the collectors
+wait for each new version); `async` mode lets them run ahead into free ring slots.
+Whatever ends the run — the iteration or time budget, Ctrl-C, a failed collector — the
+collectors are stopped, shared memory is unlinked and the summary, trace and plots are
+written.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import multiprocessing
+import queue
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import torch
+from rich.console import Console
+
+from hetlab.algos import ALGOS
+from hetlab.algos.appo import APPOConfig
+from hetlab.algos.ppo import PPOConfig
+from hetlab.checkpoint import load_checkpoint, save_checkpoint
+from hetlab.devices import apply_thread_budget, pick_device, thread_budget
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+from hetlab.runtime.collector import CollectorSpec, run_collector
+from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
+from hetlab.runtime.staging import DeviceStager
+from hetlab.runtime.timeline import SpanRecorder, Timeline
+from hetlab.runtime.weights import WeightBroadcast
+from hetlab.tasks import make_config, task_class
+
+console = Console()
+FAILURE_POLL_S = 0.25  # how often the learner checks on its collectors while it waits
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train a policy: PPO (sync) or APPO (async) on a hetlab task."""
+
+    algo: Literal["ppo", "appo"] = "ppo"
+    task: str = "go1-joystick-flat"
+    envs: int = 1024  # in total, split evenly over the collectors
+    collectors: int = 1  # collector processes
+    mode: Literal["sync", "async", "auto"] = "auto"  # auto: sync for PPO, async for APPO
+    device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
+    threads: int = 0  # physics threads per collector; 0 = the thread budget's share
+    horizon: int = 24  # env steps per rollout
+    ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
+    max_iterations: int = 1000
+    max_seconds: float = 0.0  # wall-clock budget; 0 = none
+    seed: int = 0
+    checkpoint_every: int = 50  # iterations
+    runs_dir: str = "runs"
+    resume: str | None = None  # a run directory to continue; its saved config is used
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    appo: APPOConfig = field(default_factory=APPOConfig)
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "sync" if self.algo == "ppo" else "async"
+
+    @property
+    def algo_config(self):
+        return getattr(self, self.algo)
+
+
+def _validate(cfg: TrainConfig) -> None:
+    if cfg.collectors < 1 or cfg.envs % cfg.collectors:
+        raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
+    if cfg.horizon < 1 or cfg.max_iterations < 1:
+        raise UserError("--horizon and --max-iterations must be at least 1")
+    minibatches = cfg.algo_config.num_mini_batches
+    if (cfg.horizon * cfg.envs) % minibatches:
+        raise UserError(
+            f"horizon × envs = {cfg.horizon * cfg.envs} samples do not split into {minibatches} minibatches; "
+            "change --envs, --horizon or the minibatch count"
+        )
+    if cfg.ring_slots and cfg.ring_slots < cfg.collectors:
+        raise UserError(f"--ring-slots {cfg.ring_slots} must be at least --collectors {cfg.collectors}")
+    make_config(cfg.task, num_envs=cfg.envs // cfg.collectors, threads=cfg.threads, seed=cfg.seed)
+
+
+def _config_from_json(data: dict) -> TrainConfig:
+    data = dict(data)
+    data["ppo"] = PPOConfig(**data["ppo"])
+    data["appo"] = APPOConfig(**data["appo"])
+    return TrainConfig(**data)
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run training; returns the run directory."""
+    from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
+
+    resume_state = None
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        resume_state = load_checkpoint(run_dir)
+        saved = _config_from_json(json.loads((run_dir / "config.json").read_text()))
+        cfg = dataclasses.replace(saved, max_iterations=cfg.max_iterations, max_seconds=cfg.max_seconds,
+                                  resume=cfg.resume)
+    _validate(cfg)
+    if not cfg.resume:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / stamp
+        run_dir.mkdir(parents=True)
+        write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    print(run_dir, flush=True)  # first line: where everything goes
+
+    device = pick_device(cfg.device)
+    sync = cfg.resolved_mode == "sync"
+    budget = thread_budget(device, cfg.threads, overlap=not sync)
+    apply_thread_budget(budget)
+    physics_threads = max(1, budget.physics // cfg.collectors)
+    task_cls = task_class(cfg.task)
+    algo = ALGOS[cfg.algo](task_cls.obs_sizes, task_cls.action_size, cfg.algo_config,
+                           torch.device(device.torch_device), seed=cfg.seed)
+    iteration = 0
+    if resume_state is not None:
+        algo.load_state_dict(resume_state["algo"])
+        iteration = resume_state["iteration"]
+
+    envs_per_collector = cfg.envs // cfg.collectors
+    layout = RolloutLayout(cfg.horizon, envs_per_collector, dict(task_cls.obs_sizes), task_cls.action_size)
+    slots = cfg.ring_slots or (cfg.collectors if sync else 2 * cfg.collectors)
+    ring = RolloutRing(layout, slots)
+    weights = WeightBroadcast(algo.actor.state_dict())
+    stager = None
+    context = multiprocessing.get_context("spawn")
+    stop, errors = context.Event(), context.Queue()
+    processes = []
+    timeline = Timeline()
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    history: list[dict] = []
+    episode_returns: deque[float] = deque(maxlen=100)
+    episode_lengths: deque[float] = deque(maxlen=100)
+    collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
+    start = time.perf_counter()
+    stopped_by = "max_iterations"
+    try:
+        weights.publish(algo.actor.state_dict(), version=iteration)
+        actor_copy = copy.deepcopy(algo.actor).cpu()
+        for index in range(cfg.collectors):
+            spec = CollectorSpec(
+                index=index, task=cfg.task,
+                task_options={"num_envs": envs_per_collector, "threads": physics_threads,
+                              "seed": cfg.seed * 1000 + index},
+                horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
+                seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
+            )
+            process = context.Process(target=run_collector, name=f"hetlab-collector-{index}", daemon=True,
+                                      args=(spec, actor_copy, ring, weights, stop, errors))
+            process.start()
+            processes.append(process)
+        stager = DeviceStager(ring, cfg.collectors, device)
+        stager.start()
+        learner = SpanRecorder()
+        while iteration < cfg.max_iterations:
+            if cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds:
+                stopped_by = "max_seconds"
+                break
+            with learner.span("wait_data"):
+                staged = None
+                while staged is None:
+                    _check_collectors(processes, errors)
+                    staged = stager.next(timeout=FAILURE_POLL_S)
+            batch, metas = staged
+            if sync:
+                # Collectors of a sync run all use the version the learner published last.
+                assert all(meta["version"] == iteration for meta in metas), [m["version"] for m in metas]
+            with learner.span("update"):
+                metrics = algo.update(batch)
+                weights.publish(algo.actor.state_dict(), version=iteration + 1)
+            lag = float(iteration - batch["policy_version"].float().mean().item())
+            for meta in metas:
+                episode_returns.extend(meta["episode_returns"])
+                episode_lengths.extend(meta["episode_lengths"])
+                timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
+                timeline.add(iteration, "stager", meta.get("transfer_spans", []))
+                collector_states[meta["collector"]] = meta["state"]
+            timeline.add(iteration, "learner", learner.take())
+            row = _log(writer, console, iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths,
+                       timeline, time.perf_counter() - start)
+            history.append(row)
+            iteration += 1
+            if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
+                _checkpoint(run_dir, iteration, algo, collector_states, sync)
+    except KeyboardInterrupt:
+        stopped_by = "interrupted"
+        console.print("[yellow]interrupted: writing a final checkpoint[/]")
+        _checkpoint(run_dir, iteration, algo, collector_states, sync)
+    finally:
+        stop.set()
+        if stager is not None:
+            stager.stop()
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        ring.close()
+        weights.close()
+        writer.close()
+    wall = time.perf_counter() - start
+    if stopped_by == "max_seconds" and iteration % cfg.checkpoint_every:
+        _checkpoint(run_dir, iteration, algo, collector_states, sync)
+    _finish(run_dir, cfg, history, timeline, wall, stopped_by)
+    return run_dir
+
+
+def _check_collectors(processes, errors) -> None:
+    """Raise, with the collector's traceback or exit code, as soon as one has failed."""
+    try:
+        index, trace = errors.get_nowait()
+        raise RuntimeError(f"collector {index} failed:\n{trace}")
+    except queue.Empty:
+        pass
+    for index, process in enumerate(processes):
+        if process.exitcode is not None:
+            # Its traceback, if it wrote one, may arrive a moment after it exits.
+            try:
+                failed, trace = errors.get(timeout=0.5)
+                raise RuntimeError(f"collector {failed} failed:\n{trace}")
+            except queue.Empty:
+                raise RuntimeError(f"collector {index} died with exit code {process.exitcode}") from None
+
+
+def _checkpoint(run_dir: Path, iteration: int, algo, collector_states: list, sync: bool) -> None:
+    # The collectors' states match the learner's only at a sync iteration boundary; an
+    # async or interrupted run resumes from fresh episodes instead.
+    exact = sync and all(state is not None for state in collector_states)
+    save_checkpoint(run_dir, iteration, {
+        "iteration": iteration,
+        "algo": algo.state_dict(),
+        "collectors": collector_states if exact else [None] * len(collector_states),
+    })
+
+
+def _mean(values) -> float:
+    return float(statistics.fmean(values)) if values else float("nan")
+
+
+def _log(writer, console, iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths, timeline, wall):
+    steps = (iteration + 1) * cfg.horizon * cfg.envs
+    row = {
+        "iteration": iteration,
+        "env_steps": steps,
+        "wall_seconds": wall,
+        "env_steps_per_s": steps / wall,
+        "mean_reward": _mean(episode_returns),
+        "episode_length": _mean(episode_lengths),
+        "policy_lag": lag,
+        "learner_utilisation": timeline.fraction("learner", ("update",)),
+        "collector_utilisation": _mean(
+            [timeline.fraction(f"collector {i}", ("env_step", "inference", "write")) for i in range(cfg.collectors)]
+        ),
+        **{f"loss/{k}": v for k, v in metrics.items()},
+    }
+    for name in metas[0]["reward_terms"]:
+        writer.add_scalar(f"reward_terms/{name}", _mean([m["reward_terms"][name] for m in metas]), steps)
+    for key, value in row.items():
+        if key != "iteration":
+            writer.add_scalar(key if "/" in key else f"train/{key}", value, steps)
+    console.print(
+        f"it {iteration:5d} | {row['env_steps_per_s']:7,.0f} steps/s | reward {row['mean_reward']:8.3f} | "
+        f"ep len {row['episode_length']:6.1f} | lag {lag:4.1f} | "
+        f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}",
+        highlight=False, soft_wrap=True,
+    )
+    return row
+
+
+def _finish(run_dir: Path, cfg: TrainConfig, history: list[dict], timeline: Timeline, wall: float,
+            stopped_by: str) -> None:
+    rewards = [row["mean_reward"] for row in history if row["mean_reward"] == row["mean_reward"]]
+    summary = {
+        "task": cfg.task,
+        "algo": cfg.algo,
+        "mode": cfg.resolved_mode,
+        "stopped_by": stopped_by,
+        "iterations": len(history),
+        "env_steps": len(history) * cfg.horizon * cfg.envs,
+        "wall_seconds": wall,
+        "env_steps_per_s": len(history) * cfg.horizon * cfg.envs / wall if wall else 0.0,
+        "mean_reward_first": rewards[0] if rewards else None,
+        "mean_reward_last": rewards[-1] if rewards else None,
+        "policy_lag_mean": _mean([row["policy_lag"] for row in history]),
+        "learner_idle_fraction": timeline.fraction("learner", ("wait_data",)),
+        "time_breakdown_s": timeline.summary(),
+    }
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_text_atomic(run_dir / "history.json", json.dumps(history))
+    timeline.write_chrome_trace(run_dir / "trace.json")
+    if history:
+        timeline.plot(run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
+        _plot_reward(run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
+    _print_summary(summary)
+
+
+def _plot_reward(path: Path, history: list[dict], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hetlab.files import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([row["wall_seconds"] / 60 for row in history], [row["mean_reward"] for row in history])
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_ylabel("mean episode return (last 100)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="run summary", show_header=False)
+    for key in ("stopped_by", "iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_reward_first",
+                "mean_reward_last", "policy_lag_mean", "learner_idle_fraction"):
+        value = summary[key]
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
