@@ -11,8 +11,10 @@ weights ρ_t = min(ρ̄, π_target/μ) and c_t = min(c̄, π_target/μ). The sur
 π_θ/π_target, a ratio to a policy the learner holds still, so several epochs on one batch stay
 in a trust region however stale the batch was. The target network is a copy of the actor
 (normaliser included) refreshed every `target_update_interval` updates. Time-outs are
-bootstrapped as in PPO, the learning rate follows PPO's KL schedule (here the KL from the
-target policy), and the batch is folded into the normalisers after the epochs.
+bootstrapped as in PPO, and the batch is folded into the normalisers after the epochs. The
+learning rate is fixed, or optionally follows PPO's KL schedule (on the KL from the target).
+Advantages are divided by their standard deviation but not shifted: the actions were drawn
+from μ, so subtracting a mean would bias the gradient back towards the behaviour policy.
 """
 
 from __future__ import annotations
@@ -46,11 +48,14 @@ class APPOConfig:
     c_bar: float = 1.0  # truncation of the importance weights in the trace
     clip_param: float = 0.2  # on π_θ/π_target
     target_update_interval: int = 1  # updates between refreshes of the target network
-    normalize_advantages: bool = True  # over the batch, as PPO, so the entropy coefficient means the same
+    normalize_advantages: bool = True  # divided by their batch std, so the entropy coefficient means what it does in PPO
     value_loss_coef: float = 1.0
     entropy_coef: float = 0.01
-    learning_rate: float = 1e-3  # Adam; the starting point when the schedule is adaptive
-    desired_kl: float | None = 0.01  # adapt the learning rate to the KL from the target policy; None: fixed
+    # Adam. Fixed by default: on rollouts several versions old, the KL schedule's rates of up
+    # to 1e-2 moved the policy faster than the behaviour data could follow (cartpole collapsed
+    # after solving it, at a lag of 4), while 3e-4 learns it as fast and stays there.
+    learning_rate: float = 3e-4
+    desired_kl: float | None = None  # adapt the learning rate to the KL from the target policy; None: fixed
     min_learning_rate: float = 1e-5
     max_learning_rate: float = 1e-2
     max_grad_norm: float = 1.0
@@ -102,7 +107,9 @@ class APPO:
             log_rhos = target_log_probs - batch["log_probs"]
             vtrace_targets, advantages = vtrace(rewards, values, dones, log_rhos, cfg.gamma, cfg.rho_bar, cfg.c_bar)
             if cfg.normalize_advantages:
-                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                # Scaled only: the actions come from μ, not π_target, so a shifted advantage
+                # would add a steady pull of the policy back towards the stale behaviour policy.
+                advantages = advantages / (advantages.std() + 1e-8)
             importance_weights = log_rhos.exp()
 
         samples = {

@@ -1,0 +1,160 @@
+"""`hetlab train` end to end: real collector processes, shared memory, learning, resume, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+HETLAB = str(Path(sys.executable).with_name("hetlab"))
+SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
+
+
+def train(tmp_path: Path, *args: str, timeout: float = 300, env: dict | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+    result = subprocess.run(
+        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), *args],
+        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return Path(result.stdout.splitlines()[0]), result
+
+
+def segments_of(pid: int) -> list[str]:
+    return [name for name in os.listdir("/dev/shm") if name.startswith("hetlab_") and f"_{pid}_" in name]
+
+
+@pytest.mark.parametrize(
+    ("algo", "mode", "iterations"),
+    [("ppo", "sync", 70), ("appo", "async", 100)],
+)
+def test_solves_cartpole(tmp_path, algo, mode, iterations):
+    run_dir, _ = train(
+        tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "128",
+        "--horizon", "32", "--max-iterations", str(iterations), "--checkpoint-every", "1000",
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == iterations and summary["mode"] == mode
+    # An episode lasts at most 500 steps of reward ≈ 1; a random policy keeps the pole up ~25.
+    assert summary["mean_reward_first"] < 50
+    assert summary["mean_reward_last"] >= 350, summary
+    if mode == "sync":
+        assert summary["policy_lag_mean"] == 0.0
+    else:
+        assert summary["policy_lag_mean"] > 0.0  # the collector ran ahead of the learner
+    assert (run_dir / "reward.png").stat().st_size > 0 and (run_dir / "time_breakdown.png").stat().st_size > 0
+
+
+def test_artefacts_summary_and_chrome_trace(tmp_path):
+    run_dir, result = train(
+        tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "4", *SMALL_NETS
+    )
+    assert run_dir.parent.name == "cartpole-balance-ppo" and run_dir.is_dir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_reward_first", "mean_reward_last",
+                "policy_lag_mean", "learner_idle_fraction"):
+        assert key in summary, key
+    assert summary["env_steps"] == 4 * 16 * 8
+    assert 0.0 <= summary["learner_idle_fraction"] <= 1.0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["task"] == "cartpole-balance" and config["horizon"] == 8
+    trace = json.loads((run_dir / "trace.json").read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in events} >= {"env_step", "inference", "update", "wait_data", "transfer"}
+    for event in events:
+        assert event["dur"] >= 0 and isinstance(event["ts"], float) and isinstance(event["tid"], int)
+    roles = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert roles >= {"learner", "collector 0", "stager"}
+    assert any((run_dir / "tensorboard").iterdir())
+
+
+def test_sync_resume_is_exact(tmp_path):
+    common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--checkpoint-every", "3", *SMALL_NETS]
+    straight, _ = train(tmp_path / "a", *common, "--max-iterations", "6")
+    interrupted, _ = train(tmp_path / "b", *common, "--max-iterations", "3")
+    resumed, _ = train(tmp_path / "b", "--resume", str(interrupted), "--max-iterations", "6")
+    assert resumed == interrupted
+    a = load_file(straight / "checkpoints" / "0000006" / "tensors.safetensors")
+    b = load_file(resumed / "checkpoints" / "0000006" / "tensors.safetensors")
+    weights = [key for key in a if "/actor/" in key or "/critic/" in key]
+    assert weights and a.keys() == b.keys()
+    for key in weights:
+        assert (a[key] == b[key]).all(), key
+    assert json.loads((resumed / "summary.json").read_text())["iterations"] == 3  # this session's
+
+
+def _child_pids(pid: int) -> list[int]:
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        children += [int(c) for c in text]
+    return children
+
+
+def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path):
+    learner = subprocess.Popen(
+        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", "--envs", "16",
+         "--horizon", "8", "--max-iterations", "100000", *SMALL_NETS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = []
+        while not any(line.startswith("it ") for line in lines):  # training is under way
+            lines.append(learner.stdout.readline())
+            assert lines[-1] or learner.poll() is None, learner.stderr.read()
+        assert segments_of(learner.pid)
+        # The learner's children are Python's resource tracker and the spawned collector.
+        collectors = [pid for pid in _child_pids(learner.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(collectors) == 1
+        os.kill(collectors[0], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = learner.communicate(timeout=30)
+        assert time.monotonic() - killed < 5.0
+    finally:
+        learner.kill()
+    assert learner.returncode != 0
+    assert "collector 0 died with exit code -9" in stderr
+    assert segments_of(learner.pid) == []
+
+
+def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
+    empty = tmp_path / "no-assets"
+    empty.mkdir()
+    start = time.monotonic()
+    learner = subprocess.Popen(
+        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "go1-joystick-flat", "--envs", "8",
+         "--horizon", "8", "--max-iterations", "5", *SMALL_NETS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HETLAB_ASSETS": str(empty)},
+    )
+    _, stderr = learner.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert learner.returncode != 0
+    # The collector's own traceback, down to the missing robot.
+    assert "collector 0 failed" in stderr and "Traceback" in stderr
+    assert "robot 'go1'" in stderr and str(empty) in stderr
+    assert segments_of(learner.pid) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--envs", "10", "--collectors", "3"], "must split evenly"),
+        (["--envs", "16", "--horizon", "3", "--ppo.num-mini-batches", "5"], "do not split into 5 minibatches"),
+        (["--task", "no-such-task"], "unknown task"),
+        (["--resume", "/nonexistent/run"], "has no checkpoint.json"),
+    ],
+)
+def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):
+    result = subprocess.run(
+        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", *args],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory for a run that never started
