@@ -158,3 +158,28 @@ def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()  # no run directory for a run that never started
+
+
+def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
+    learner = subprocess.Popen(
+        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", "--envs", "16",
+         "--horizon", "8", "--max-iterations", "100000", "--checkpoint-every", "100000", *SMALL_NETS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        run_dir = Path(learner.stdout.readline().strip())
+        iterations = 0
+        while iterations < 3:  # a few iterations in, well before any periodic checkpoint
+            line = learner.stdout.readline()
+            assert line or learner.poll() is None, learner.stderr.read()
+            iterations += line.startswith("it ")
+        learner.send_signal(signal.SIGINT)
+        learner.communicate(timeout=20)
+    finally:
+        learner.kill()
+    assert learner.returncode == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted" and summary["iterations"] >= 3
+    pointer = json.loads((run_dir / "checkpoint.json").read_text())
+    assert pointer["iteration"] == summary["iterations"]
+    assert segments_of(learner.pid) == []

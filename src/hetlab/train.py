@@ -5,9 +5,9 @@ the learner device; lay out the rollout ring and the weight broadcast in shared 
 spawn the collectors; then per iteration take a staged batch, update, publish the new
 weights, log, and checkpoint. `sync` mode is collect → learn → collect (the collectors
 wait for each new version); `async` mode lets them run ahead into free ring slots.
-Whatever ends the run — the iteration or time budget, Ctrl-C, a failed collector — the
-collectors are stopped, shared memory is unlinked and the summary, trace and plots are
-written.
+Whatever ends the run — the iteration or time budget, Ctrl-C (at the next iteration
+boundary, with a final checkpoint), a failed collector — the collectors are stopped and shared
+memory is unlinked; a run that was not failed writes its summary, trace and plots.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import dataclasses
 import json
 import multiprocessing
 import queue
+import signal
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -151,6 +153,9 @@ def train(cfg: TrainConfig) -> Path:
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     start = time.perf_counter()
     stopped_by = "max_iterations"
+    # Ctrl-C ends the run at the next iteration boundary, where the checkpoint is consistent.
+    interrupted = threading.Event()
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
         weights.publish(algo.actor.state_dict(), version=iteration)
         actor_copy = copy.deepcopy(algo.actor).cpu()
@@ -175,9 +180,13 @@ def train(cfg: TrainConfig) -> Path:
                 break
             with learner.span("wait_data"):
                 staged = None
-                while staged is None:
+                while staged is None and not interrupted.is_set():
                     _check_collectors(processes, errors)
                     staged = stager.next(timeout=FAILURE_POLL_S)
+            if interrupted.is_set():
+                stopped_by = "interrupted"
+                console.print("[yellow]interrupted: stopping after a final checkpoint[/]")
+                break
             batch, metas = staged
             if sync:
                 # Collectors of a sync run all use the version the learner published last.
@@ -199,11 +208,8 @@ def train(cfg: TrainConfig) -> Path:
             iteration += 1
             if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
                 _checkpoint(run_dir, iteration, algo, collector_states, sync)
-    except KeyboardInterrupt:
-        stopped_by = "interrupted"
-        console.print("[yellow]interrupted: writing a final checkpoint[/]")
-        _checkpoint(run_dir, iteration, algo, collector_states, sync)
     finally:
+        signal.signal(signal.SIGINT, previous_handler)
         stop.set()
         if stager is not None:
             stager.stop()
@@ -216,7 +222,7 @@ def train(cfg: TrainConfig) -> Path:
         weights.close()
         writer.close()
     wall = time.perf_counter() - start
-    if stopped_by == "max_seconds" and iteration % cfg.checkpoint_every:
+    if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
         _checkpoint(run_dir, iteration, algo, collector_states, sync)
     _finish(run_dir, cfg, history, timeline, wall, stopped_by)
     return run_dir
