@@ -17,8 +17,11 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The main job: PPO on the Go1 joystick task for 14 minutes, sized for a 2-core CPU box
+# (512 envs, smaller networks than rsl_rl's 512-256-128, gentler initial exploration).
 run: setup
-	$(VENV)/bin/hetlab bench sim --task go1-joystick-flat --envs 1024 --seconds 20
+	$(VENV)/bin/hetlab train --algo ppo --task go1-joystick-flat --envs 512 --max-seconds 840 \
+		--ppo.actor-hidden 256 128 64 --ppo.critic-hidden 256 128 64 --ppo.init-noise-std 0.5
 
 test: setup
 	$(PY) -m pytest -q

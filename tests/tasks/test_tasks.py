@@ -81,11 +81,15 @@ def test_step_contract(make_task_on, random_actions, task_name):
             assert flags.shape == (N,) and flags.dtype == bool
         assert not (terminated & truncated).any()
         assert info["diverged"] == 0
-        # named terms: exactly the weighted ones, summing to the mean reward
+        # named terms: exactly the weighted ones, summing to the mean reward (before any floor)
         terms = info["reward_terms"]
         assert set(terms) == set(task.reward_weights)
         assert all(isinstance(v, float) and np.isfinite(v) for v in terms.values())
-        assert sum(terms.values()) == pytest.approx(float(reward.mean()), rel=1e-5, abs=1e-6)
+        if task.reward_floor is None:
+            assert sum(terms.values()) == pytest.approx(float(reward.mean()), rel=1e-5, abs=1e-6)
+        else:
+            assert (reward >= task.reward_floor).all()
+            assert float(reward.mean()) >= sum(terms.values()) - 1e-6
         done = terminated | truncated
         if done.any():
             np.testing.assert_array_equal(info["done_ids"], np.flatnonzero(done))
@@ -444,3 +448,17 @@ def test_config_validates_before_building(task_name):
     assert (cfg.num_envs, cfg.threads, cfg.seed) == (3, cpu_count(), 9)
     with pytest.raises(UserError):
         make_config(task_name, num_envs=0)
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_actions_beyond_the_unit_box_are_clipped(task_name):
+    runs = []
+    for scale in (1.0, 5.0):
+        task = make_task(task_name, num_envs=4, seed=0)
+        task.reset()
+        actions = np.sign(np.random.default_rng(0).normal(size=(4, task.action_size))).astype(np.float32)
+        obs, reward, *_ = task.step(scale * actions)
+        runs.append((task.sim.qpos.copy(), reward, obs["policy"], task.last_actions.copy()))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    assert np.abs(runs[1][3]).max() == 1.0  # the observed last action is the clipped one

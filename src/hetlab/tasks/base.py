@@ -52,6 +52,7 @@ class Task(ABC):
     action_size: int
     reward_weights: dict[str, float]
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
+    reward_floor: float | None = None  # the scaled reward is clipped from below to this, if set
     # Per-env arrays that, with the sim's state and the generator, make up the task's state;
     # subclasses extend the tuple with their own (dotted names reach into members).
     state_arrays: ClassVar[tuple[str, ...]] = ("episode_step", "episode_return", "last_actions")
@@ -91,6 +92,9 @@ class Task(ABC):
         actions = np.asarray(actions, dtype=np.float32)
         if actions.shape != self.last_actions.shape:
             raise ValueError(f"actions must have shape {self.last_actions.shape}, got {actions.shape}")
+        # Every task acts in [-1, 1]: a Gaussian policy's samples beyond it are clipped, here,
+        # so controls, rewards and the last-action observation all see the same action.
+        actions = np.clip(actions, -1.0, 1.0)
         diverged = self.sim.step(self._control(actions), self.substeps)
         self.episode_step += 1
         self._update_state(actions)
@@ -102,6 +106,8 @@ class Task(ABC):
             weighted = (self.reward_weights[name] * self.reward_scale) * value
             reward += weighted
             term_means[name] = float(weighted.mean())
+        if self.reward_floor is not None:
+            np.maximum(reward, self.reward_floor, out=reward)
         reward = reward.astype(np.float32)
 
         terminated = self._terminated() | diverged

@@ -79,7 +79,7 @@ class CartpoleBalance(Task):
         return qpos[:, self._cart[0]], qpos[:, self._hinge[0]], qvel[:, self._cart[1]], qvel[:, self._hinge[1]]
 
     def _control(self, actions: np.ndarray) -> np.ndarray:
-        return np.clip(actions, -1.0, 1.0)
+        return actions  # already in [-1, 1]: the motor's control range
 
     def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         x, angle, x_dot, angle_dot = self._state(slice(None))

@@ -4,7 +4,8 @@ In the spirit of MuJoCo Playground's Go1JoystickFlatTerrain: Menagerie's Go1 wit
 Playground's physics settings (4 ms Euler steps, one Newton iteration, feet-only
 collisions, kp = 35 PD position actuators), 50 Hz control with actions scaled by 0.5
 around the standing pose, Playground's reward terms and weights (summed and scaled by
-the control period), and an episode that ends when the trunk turns over or drops.
+the control period, floored at zero), and an episode that ends when the trunk turns over or
+drops.
 The policy sees noisy proprioception; the critic also gets exact values, foot contact,
 air time and height, and the domain-randomisation parameters.
 """
@@ -63,6 +64,7 @@ class Go1JoystickFlat(Task):
     obs_sizes = {"policy": 48, "critic": 64}
     action_size = 12
     reward_scale = control_dt
+    reward_floor = 0.0  # as Playground: a step never scores below zero, so falling early never pays
     state_arrays = Task.state_arrays + ("_air_time", "_swing_peak", "_last_contact", "commands.values")
     reward_weights = {
         "tracking_lin_vel": 1.0,
