@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Annotated
 
 import mujoco
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 import tyro
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 from tyro.extras import SubcommandApp
@@ -165,6 +167,49 @@ def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -
     run_training(cfg)
 
 
+@dataclass(frozen=True)
+class ExportConfig:
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
+    out: Path | None = None  # default: RUN_DIR/policy.onnx
+
+
+@app.command(name="export")
+def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
+    """Export a run's latest policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
+    from hetlab.export import export_onnx
+
+    print(export_onnx(cfg.run_dir, cfg.out))
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
+    video: Path | None = None  # default: RUN_DIR/play.mp4
+    seconds: float = 10.0
+    width: int = 640
+    height: int = 480
+    seed: int | None = None  # default: the run's seed
+    json: bool = False
+
+
+@app.command(name="play")
+def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
+    """Record an mp4 of a run's latest policy acting deterministically in one env (headless GL)."""
+    from hetlab.play import play as record
+
+    result = record(cfg.run_dir, cfg.video or cfg.run_dir / "play.mp4", cfg.seconds, cfg.width, cfg.height, cfg.seed)
+    if cfg.json:
+        _print_json(result)
+        return
+    console.print(f"{result['video']}: {result['frames']} frames at {result['fps']:g} fps", highlight=False, soft_wrap=True)
+    table = Table()
+    for column in ("episode", "return", "length", "ended"):
+        table.add_column(column, justify="right")
+    for index, episode in enumerate(result["episodes"]):
+        table.add_row(str(index), f"{episode['return']:.3f}", str(episode["length"]), episode["ended"])
+    console.print(table)
+
+
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
 
 
@@ -172,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app.cli(prog="hetlab", args=argv, description="Train robot policies with each stage on the device that suits it.")
     except UserError as e:
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

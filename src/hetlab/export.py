@@ -1,0 +1,101 @@
+"""`hetlab export`: a run's deterministic policy as ONNX, checked against the torch actor.
+
+The graph is the actor's `forward` — observation normaliser, MLP, mean action — with input
+"obs" (float32 [batch, policy obs]) and output "actions" ([batch, actions]), the batch size
+left free. It is exported with torch's default, torch.export-based exporter (`dynamo=True`):
+the TorchScript exporter (`dynamo=False`) still works in torch 2.13 but warns that it will be
+removed, and the dynamo path only adds `onnxscript`, which the optional extra installs anyway.
+Weights are stored inside the file (`external_data=False`), so it is one file that can be
+renamed into place and copied alone.
+
+Before the file replaces `<run_dir>/policy.onnx` (or `out`), ONNX Runtime must reproduce the
+torch actor within `TOLERANCE` on observations from the task itself and on random ones drawn
+around them (in range: far-out inputs only measure float32 rounding of huge outputs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetlab.errors import UserError
+from hetlab.files import atomic_path
+from hetlab.trained_policy import load_policy
+from hetlab.tasks import make_task
+
+TOLERANCE = 1e-5  # max abs difference between ONNX Runtime's and torch's actions
+PARITY_ENVS, PARITY_STEPS = 32, 8  # real observations: (steps + 1) × envs
+PARITY_RANDOM = 256  # random observations
+
+
+def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Path:
+    """Export the run's latest policy to ONNX, verify it with ONNX Runtime, return its path."""
+    ort = _require_extra()
+    policy = load_policy(run_dir)
+    out = Path(out) if out is not None else Path(run_dir) / "policy.onnx"
+    obs = _parity_observations(policy)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp, _quiet_exporter():
+        torch.onnx.export(
+            policy.actor, (obs[:2],), tmp, dynamo=True, external_data=False, verbose=False,
+            input_names=["obs"], output_names=["actions"],
+            dynamic_shapes=({0: torch.export.Dim("batch")},),
+        )
+        _check_parity(ort, tmp, policy.actor, obs)
+    return out
+
+
+def _require_extra():
+    for module in ("onnx", "onnxscript", "onnxruntime"):
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"ONNX export needs {module!r}: pip install 'hetlab[export]'") from e
+    return importlib.import_module("onnxruntime")
+
+
+def _parity_observations(policy) -> torch.Tensor:
+    """Real observations from a short rollout of the policy, then as many random ones drawn
+    from their per-column mean and spread."""
+    task = make_task(policy.task, num_envs=PARITY_ENVS, threads=1, seed=policy.seed)
+    obs = [task.reset()["policy"]]
+    with torch.no_grad():
+        for _ in range(PARITY_STEPS):
+            actions = policy.actor(torch.from_numpy(obs[-1])).numpy()
+            obs.append(task.step(actions)[0]["policy"])
+    real = torch.from_numpy(np.concatenate(obs))
+    generator = torch.Generator().manual_seed(policy.seed)
+    noise = torch.randn(PARITY_RANDOM, real.shape[1], generator=generator)
+    return torch.cat([real, real.mean(0) + real.std(0) * noise])
+
+
+def _check_parity(ort, path: Path, actor: torch.nn.Module, obs: torch.Tensor) -> None:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (onnx_actions,) = session.run(["actions"], {"obs": obs.numpy()})
+    with torch.no_grad():
+        torch_actions = actor(obs).numpy()
+    error = float(np.abs(onnx_actions - torch_actions).max())
+    if not error <= TOLERANCE:
+        raise RuntimeError(f"the exported policy differs from the torch actor by {error:.3g} > {TOLERANCE:g}")
+
+
+@contextmanager
+def _quiet_exporter():
+    """Hide the exporter's chatter that is not about this model (deprecations inside torch,
+    a note per torchvision op it skips registering)."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)

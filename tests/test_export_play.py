@@ -1,0 +1,87 @@
+"""`hetlab export` and `hetlab play` on a real (tiny) cartpole run: ONNX Runtime, GL rendering, PyAV."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import av
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from hetlab.errors import UserError
+from hetlab.export import export_onnx
+from hetlab.play import play
+from hetlab.trained_policy import load_policy
+from hetlab.tasks import make_task
+
+HETLAB = str(Path(sys.executable).with_name("hetlab"))
+SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    result = subprocess.run(
+        [HETLAB, "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "3",
+         "--runs-dir", str(runs), *SMALL_NETS],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return Path(result.stdout.splitlines()[0])
+
+
+def real_observations(steps: int = 10, envs: int = 8) -> np.ndarray:
+    task = make_task("cartpole-balance", num_envs=envs, threads=1, seed=3)
+    obs = [task.reset()["policy"]]
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        obs.append(task.step(rng.uniform(-1, 1, (envs, 1)).astype(np.float32))[0]["policy"])
+    return np.concatenate(obs)
+
+
+def test_export_matches_the_torch_actor_at_any_batch_size(run_dir):
+    path = export_onnx(run_dir)
+    assert path == run_dir / "policy.onnx" and path.stat().st_size > 0
+    assert not list(run_dir.glob(".policy*")) and not list(run_dir.glob("*.data"))  # one file, no leftovers
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.type, inp.shape[1], out.name) == ("obs", "tensor(float)", 5, "actions")
+    actor = load_policy(run_dir).actor
+    obs = real_observations()
+    for batch in (obs, obs[:1], obs[:17]):
+        (onnx_actions,) = session.run(["actions"], {"obs": batch})
+        with torch.no_grad():
+            torch_actions = actor(torch.from_numpy(batch)).numpy()
+        assert onnx_actions.shape == (len(batch), 1)
+        np.testing.assert_allclose(onnx_actions, torch_actions, rtol=0, atol=1e-5)
+
+
+def test_play_records_a_moving_video(run_dir, tmp_path):
+    video = tmp_path / "cartpole.mp4"
+    result = play(run_dir, video, seconds=0.6, width=96, height=64)
+    assert result["frames"] == 30 and result["fps"] == 50.0  # 0.6 s at cartpole's 50 Hz control
+    assert sum(episode["length"] for episode in result["episodes"]) == 30
+    with av.open(str(video)) as container:
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    assert frames.shape == (30, 64, 96, 3)
+    assert frames.max() > 100  # the lit cart and pole on a black background
+    moved = (np.abs(frames.astype(np.int16) - frames[:1]).max(axis=-1) > 40).sum(axis=(1, 2))
+    assert (moved >= 5).sum() >= 10, f"the cart and pole should move across the frames: {moved}"
+
+
+def test_a_directory_without_a_checkpoint_is_a_user_error(run_dir, tmp_path):
+    with pytest.raises(UserError, match="config.json"):
+        export_onnx(tmp_path)
+    shutil.copy(run_dir / "config.json", tmp_path)
+    with pytest.raises(UserError, match="checkpoint"):
+        export_onnx(tmp_path)
+    with pytest.raises(UserError, match="checkpoint"):
+        play(tmp_path, tmp_path / "out.mp4")
+    with pytest.raises(UserError, match="even"):
+        play(run_dir, tmp_path / "out.mp4", width=95)
+    assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob("*.mp4"))
