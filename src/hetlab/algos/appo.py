@@ -90,7 +90,7 @@ class APPO:
         self.generator = torch.Generator().manual_seed(seed)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One APPO iteration on a rollout (layout in the runtime spec); returns metrics to log."""
+        """One APPO iteration on a rollout (layout: hetlab.runtime.rollout_ring); returns metrics to log."""
         cfg = self.cfg
         policy_obs, critic_obs, actions = batch["policy_obs"], batch["critic_obs"], batch["actions"]
         dones = torch.maximum(batch["terminated"], batch["truncated"])

@@ -83,7 +83,7 @@ class PPO:
         self.generator = torch.Generator().manual_seed(seed)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One PPO iteration on a rollout (layout in the runtime spec); returns metrics to log."""
+        """One PPO iteration on a rollout (layout: hetlab.runtime.rollout_ring); returns metrics to log."""
         cfg = self.cfg
         policy_obs, critic_obs, actions = batch["policy_obs"], batch["critic_obs"], batch["actions"]
         dones = torch.maximum(batch["terminated"], batch["truncated"])

@@ -5,6 +5,22 @@ The learner creates the ring; collectors receive it as an argument of a spawned 
 free. Its index travels through two queues, so whoever holds an index owns the slot's
 memory. The queue handoff (a pipe write, then a read in the other process) is also what
 makes the writer's stores to the slot visible to the reader.
+
+A slot, and the batch an algorithm's `update` receives (T steps, N envs; the stager joins
+slots along the env axis and turns `policy_version` into one entry per env), as float32
+unless noted:
+
+    policy_obs        (T+1, N, P)  raw `policy` observations; row T is the one after the last step
+    critic_obs        (T+1, N, C)  raw `critic` observations, same timing
+    actions           (T, N, A)    the sampled actions, before the task clips them
+    log_probs         (T, N)       their log-probability under the collector's (behaviour) policy
+    rewards           (T, N)
+    terminated        (T, N)       1 where the episode really ended at step t
+    truncated         (T, N)       1 where it timed out at step t
+    final_critic_obs  (T, N, C)    critic observation of the last state where truncated, else 0
+    policy_version    () int64     the weight version the rollout was collected with
+
+After a step that ended an episode, the next observation row already starts the next episode.
 """
 
 from __future__ import annotations
@@ -36,7 +52,7 @@ class Field:
 
 @dataclass(frozen=True)
 class RolloutLayout:
-    """What one slot holds: a rollout of `horizon` steps of `num_envs` envs (see the runtime spec)."""
+    """What one slot holds: a rollout of `horizon` steps of `num_envs` envs (see the module docstring)."""
 
     horizon: int
     num_envs: int  # envs per slot, i.e. per collector
