@@ -53,7 +53,8 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations):
 
 def test_artefacts_summary_and_chrome_trace(tmp_path):
     run_dir, result = train(
-        tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "4", *SMALL_NETS
+        tmp_path, "--task", "cartpole-balance", "--envs", "16", "--collectors", "2", "--horizon", "8",
+        "--max-iterations", "4", *SMALL_NETS,
     )
     assert run_dir.parent.name == "cartpole-balance-ppo" and run_dir.is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -70,7 +71,7 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     for event in events:
         assert event["dur"] >= 0 and isinstance(event["ts"], float) and isinstance(event["tid"], int)
     roles = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
-    assert roles >= {"learner", "collector 0", "stager"}
+    assert roles >= {"learner", "collector 0", "collector 1", "stager"}
     assert any((run_dir / "tensorboard").iterdir())
 
 
