@@ -148,6 +148,8 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--envs", "10", "--collectors", "3"], "must split evenly"),
         (["--envs", "16", "--horizon", "3", "--ppo.num-mini-batches", "5"], "do not split into 5 minibatches"),
         (["--task", "no-such-task"], "unknown task"),
+        (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+        (["--collectors", "0"], "--collectors must be at least 1"),
         (["--resume", "/nonexistent/run"], "has no checkpoint.json"),
     ],
 )
@@ -184,3 +186,12 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
     pointer = json.loads((run_dir / "checkpoint.json").read_text())
     assert pointer["iteration"] == summary["iterations"]
     assert segments_of(learner.pid) == []
+
+
+def test_resume_from_a_corrupt_pointer_says_how_to_fix_it(tmp_path):
+    run_dir, _ = train(tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8",
+                       "--max-iterations", "1", *SMALL_NETS)
+    (run_dir / "checkpoint.json").write_text("{")
+    result = subprocess.run([HETLAB, "train", "--resume", str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "is corrupt" in result.stderr and "latest" in result.stderr and "Traceback" not in result.stderr

@@ -74,10 +74,16 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
         raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
-    path = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
+    try:
+        path = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{pointer} is corrupt ({e}); write {{\"latest\": \"<a directory in checkpoints/>\"}} into it") from e
     try:
         tensors = load_file(path / "tensors.safetensors")
         tree = json.loads((path / "state.json").read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"checkpoint {path} is unreadable ({e}); delete it and resume from an older one") from e
+        raise UserError(
+            f"checkpoint {path} is unreadable ({e}); to resume from an older one, name a directory of "
+            f"{run_dir / 'checkpoints'} as \"latest\" in {pointer}"
+        ) from e
     return _unflatten(tree, tensors)

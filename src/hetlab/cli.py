@@ -27,6 +27,7 @@ from hetlab.errors import UserError
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
 from hetlab.tasks import TASKS, make_config
 from hetlab.train import TrainConfig
+from hetlab.train import train as run_training
 
 app = SubcommandApp()
 bench = SubcommandApp()
@@ -162,8 +163,6 @@ def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchC
 @app.command(name="train")
 def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -> None:
     """Train a policy: CPU collectors feed a learner on the best device (prints the run directory first)."""
-    from hetlab.train import train as run_training
-
     run_training(cfg)
 
 

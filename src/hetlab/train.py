@@ -58,7 +58,7 @@ class TrainConfig:
     collectors: int = 1  # collector processes
     mode: Literal["sync", "async", "auto"] = "auto"  # auto: sync for PPO, async for APPO
     device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
-    threads: int = 0  # physics threads per collector; 0 = the thread budget's share
+    threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
     horizon: int = 24  # env steps per rollout
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
     max_iterations: int = 1000
@@ -82,10 +82,11 @@ class TrainConfig:
 
 
 def _validate(cfg: TrainConfig) -> None:
-    if cfg.collectors < 1 or cfg.envs % cfg.collectors:
+    for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.envs % cfg.collectors:
         raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
-    if cfg.horizon < 1 or cfg.max_iterations < 1:
-        raise UserError("--horizon and --max-iterations must be at least 1")
     minibatches = cfg.algo_config.num_mini_batches
     if (cfg.horizon * cfg.envs) % minibatches:
         raise UserError(
@@ -139,24 +140,25 @@ def train(cfg: TrainConfig) -> Path:
     envs_per_collector = cfg.envs // cfg.collectors
     layout = RolloutLayout(cfg.horizon, envs_per_collector, dict(task_cls.obs_sizes), task_cls.action_size)
     slots = cfg.ring_slots or (cfg.collectors if sync else 2 * cfg.collectors)
-    ring = RolloutRing(layout, slots)
-    weights = WeightBroadcast(algo.actor.state_dict())
-    stager = None
+    ring = weights = stager = writer = None
     context = multiprocessing.get_context("spawn")
     stop, errors = context.Event(), context.Queue()
     processes = []
     timeline = Timeline()
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
     history: list[dict] = []
     episode_returns: deque[float] = deque(maxlen=100)
     episode_lengths: deque[float] = deque(maxlen=100)
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
+    first_iteration = iteration
     start = time.perf_counter()
     stopped_by = "max_iterations"
     # Ctrl-C ends the run at the next iteration boundary, where the checkpoint is consistent.
     interrupted = threading.Event()
     previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
+        ring = RolloutRing(layout, slots)  # checks first that the slots fit in memory
+        weights = WeightBroadcast(algo.actor.state_dict())
+        writer = SummaryWriter(str(run_dir / "tensorboard"))
         weights.publish(algo.actor.state_dict(), version=iteration)
         actor_copy = copy.deepcopy(algo.actor).cpu()
         for index in range(cfg.collectors):
@@ -202,13 +204,14 @@ def train(cfg: TrainConfig) -> Path:
                 timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                 collector_states[meta["collector"]] = meta["state"]
             timeline.add(iteration, "learner", learner.take())
-            row = _log(writer, console, iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths,
-                       timeline, time.perf_counter() - start)
+            row = _log(writer, console, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns,
+                       episode_lengths, timeline, time.perf_counter() - start)
             history.append(row)
             iteration += 1
             if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
                 _checkpoint(run_dir, iteration, algo, collector_states, sync)
     finally:
+        wall = time.perf_counter() - start  # the run's own time, before the shutdown below
         signal.signal(signal.SIGINT, previous_handler)
         stop.set()
         if stager is not None:
@@ -218,10 +221,9 @@ def train(cfg: TrainConfig) -> Path:
             if process.is_alive():
                 process.terminate()
                 process.join()
-        ring.close()
-        weights.close()
-        writer.close()
-    wall = time.perf_counter() - start
+        for resource in (ring, weights, writer):
+            if resource is not None:
+                resource.close()
     if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
         _checkpoint(run_dir, iteration, algo, collector_states, sync)
     _finish(run_dir, cfg, history, timeline, wall, stopped_by)
@@ -246,8 +248,8 @@ def _check_collectors(processes, errors) -> None:
 
 
 def _checkpoint(run_dir: Path, iteration: int, algo, collector_states: list, sync: bool) -> None:
-    # The collectors' states match the learner's only at a sync iteration boundary; an
-    # async or interrupted run resumes from fresh episodes instead.
+    # The collectors' states match the learner's at a sync run's iteration boundaries (also
+    # when it stops early); an async run resumes from fresh episodes instead.
     exact = sync and all(state is not None for state in collector_states)
     save_checkpoint(run_dir, iteration, {
         "iteration": iteration,
@@ -260,13 +262,14 @@ def _mean(values) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def _log(writer, console, iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths, timeline, wall):
-    steps = (iteration + 1) * cfg.horizon * cfg.envs
+def _log(writer, console, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths,
+         timeline, wall):
+    steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, resumed sessions included
     row = {
         "iteration": iteration,
         "env_steps": steps,
         "wall_seconds": wall,
-        "env_steps_per_s": steps / wall,
+        "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,  # this session
         "mean_reward": _mean(episode_returns),
         "episode_length": _mean(episode_lengths),
         "policy_lag": lag,

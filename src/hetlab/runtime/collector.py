@@ -3,8 +3,8 @@
 Between rollouts it picks up the newest published weights (in sync mode it first waits for
 the version after the one it last used), takes a free slot, steps the task `horizon` times
 writing straight into the slot's shared memory, and commits the slot with a small message:
-its episode statistics, reward terms, timing spans and, for an exact resume, the task's and
-its sampler's state after the rollout.
+its episode statistics, reward terms, timing spans and, in sync mode (for an exact resume),
+the task's and its sampler's state after the rollout.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing
     except BaseException:
         errors.put((spec.index, traceback.format_exc()))
         raise SystemExit(1)
+    finally:
+        ring.close()
+        weights.close()
 
 
 def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, weights: WeightBroadcast, stop) -> None:
@@ -67,7 +70,7 @@ def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, wei
     while not stop.is_set() and learner.is_alive():
         with recorder.span("wait_weights"):
             # Polling the version is cheap; reading copies and checks every weight.
-            while spec.sync and weights.version <= used_version and not stop.is_set():
+            while spec.sync and weights.version <= used_version and not stop.is_set() and learner.is_alive():
                 time.sleep(0.0005)
             version = weights.read(actor_state)
         with recorder.span("wait_slot"):
@@ -84,7 +87,8 @@ def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, wei
             "collector": spec.index,
             "version": version,
             "spans": recorder.take(),
-            "state": {"task": task.state_dict(), "sampler": sampler.get_state().numpy()},
+            # Only a sync run can resume exactly, so only it ships the state it would need.
+            "state": {"task": task.state_dict(), "sampler": sampler.get_state().numpy()} if spec.sync else None,
         }
         ring.commit(slot, stats)
 

@@ -179,12 +179,12 @@ class RolloutRing:
         segment, self._segment = self._segment, None
         if segment is not None:
             close_segment(segment, unlink=self._creator)
-        if self._creator:
-            # Nothing the learner still buffers for the queues matters now: do not let
-            # interpreter exit wait to flush it into pipes that nobody reads any more.
-            for q in (self._free, self._full):
-                q.cancel_join_thread()
-                q.close()
+        # Nothing still buffered for the queues matters once the ring closes (a collector's
+        # last message, with its task state, can be megabytes): do not let interpreter exit
+        # wait to flush it into a pipe that nobody reads any more.
+        for q in (self._free, self._full):
+            q.cancel_join_thread()
+            q.close()
 
     def __enter__(self) -> RolloutRing:
         return self

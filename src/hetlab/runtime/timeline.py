@@ -3,8 +3,8 @@
 Every process records spans `(stage, t0, t1)` with `time.perf_counter()`, which on Linux is
 the system-wide monotonic clock, so spans from collectors, the stager thread and the learner
 line up. The learner gathers them into a `Timeline` that keeps running totals per
-(role, stage) and per iteration for the whole run, and the raw spans of the most recent
-iterations for a Chrome trace (chrome://tracing or ui.perfetto.dev).
+(role, stage) over the whole run, and the raw spans of the most recent iterations for a
+Chrome trace (chrome://tracing or ui.perfetto.dev).
 """
 
 from __future__ import annotations
@@ -45,16 +45,15 @@ class Timeline:
     def __init__(self, trace_iterations: int = 20):
         self.start = time.perf_counter()
         self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self.per_iteration: list[dict[str, dict[str, float]]] = []
+        self.iterations: set[int] = set()
         self._recent: deque[list[tuple[str, str, float, float]]] = deque(maxlen=trace_iterations)
 
     def add(self, iteration: int, role: str, spans: list[tuple[str, float, float]]) -> None:
-        while len(self.per_iteration) <= iteration:
-            self.per_iteration.append(defaultdict(lambda: defaultdict(float)))
+        if iteration not in self.iterations:
+            self.iterations.add(iteration)
             self._recent.append([])
         for stage, t0, t1 in spans:
             self.totals[role][stage] += t1 - t0
-            self.per_iteration[iteration][role][stage] += t1 - t0
             self._recent[-1].append((role, stage, t0, t1))
 
     def fraction(self, role: str, stages: tuple[str, ...]) -> float:
@@ -90,7 +89,7 @@ class Timeline:
 
         roles = sorted(self.totals)
         stages = [s for s in BUSY_STAGES + WAIT_STAGES if any(self.totals[r][s] for r in roles)]
-        iterations = max(1, len(self.per_iteration))
+        iterations = max(1, len(self.iterations))
         fig, ax = plt.subplots(figsize=(7, 0.6 * len(roles) + 1.8))
         left = [0.0] * len(roles)
         for stage in stages:
