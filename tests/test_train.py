@@ -151,6 +151,7 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
         (["--collectors", "0"], "--collectors must be at least 1"),
         (["--resume", "/nonexistent/run"], "has no checkpoint.json"),
+        (["--envs", "100000000", "--horizon", "1000"], "needs"),  # terabytes of rollout ring
     ],
 )
 def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):

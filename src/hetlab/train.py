@@ -80,6 +80,16 @@ class TrainConfig:
     def algo_config(self):
         return getattr(self, self.algo)
 
+    @property
+    def resolved_ring_slots(self) -> int:
+        if self.ring_slots:
+            return self.ring_slots
+        return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
+
+    def rollout_layout(self) -> RolloutLayout:
+        task = task_class(self.task)
+        return RolloutLayout(self.horizon, self.envs // self.collectors, dict(task.obs_sizes), task.action_size)
+
 
 def _validate(cfg: TrainConfig) -> None:
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
@@ -96,6 +106,7 @@ def _validate(cfg: TrainConfig) -> None:
     if cfg.ring_slots and cfg.ring_slots < cfg.collectors:
         raise UserError(f"--ring-slots {cfg.ring_slots} must be at least --collectors {cfg.collectors}")
     make_config(cfg.task, num_envs=cfg.envs // cfg.collectors, threads=cfg.threads, seed=cfg.seed)
+    RolloutRing.check_fits(cfg.rollout_layout(), cfg.resolved_ring_slots)
 
 
 def _config_from_json(data: dict) -> TrainConfig:
@@ -138,8 +149,6 @@ def train(cfg: TrainConfig) -> Path:
         iteration = resume_state["iteration"]
 
     envs_per_collector = cfg.envs // cfg.collectors
-    layout = RolloutLayout(cfg.horizon, envs_per_collector, dict(task_cls.obs_sizes), task_cls.action_size)
-    slots = cfg.ring_slots or (cfg.collectors if sync else 2 * cfg.collectors)
     ring = weights = stager = writer = None
     context = multiprocessing.get_context("spawn")
     stop, errors = context.Event(), context.Queue()
@@ -156,7 +165,7 @@ def train(cfg: TrainConfig) -> Path:
     interrupted = threading.Event()
     previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     try:
-        ring = RolloutRing(layout, slots)  # checks first that the slots fit in memory
+        ring = RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots)
         weights = WeightBroadcast(algo.actor.state_dict())
         writer = SummaryWriter(str(run_dir / "tensorboard"))
         weights.publish(algo.actor.state_dict(), version=iteration)
@@ -213,14 +222,10 @@ def train(cfg: TrainConfig) -> Path:
     finally:
         wall = time.perf_counter() - start  # the run's own time, before the shutdown below
         signal.signal(signal.SIGINT, previous_handler)
-        stop.set()
         if stager is not None:
             stager.stop()
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.terminate()
-                process.join()
+        stop.set()
+        _join_collectors(processes, ring)
         for resource in (ring, weights, writer):
             if resource is not None:
                 resource.close()
@@ -245,6 +250,31 @@ def _check_collectors(processes, errors) -> None:
                 raise RuntimeError(f"collector {failed} failed:\n{trace}")
             except queue.Empty:
                 raise RuntimeError(f"collector {index} died with exit code {process.exitcode}") from None
+
+
+def _join_collectors(processes, ring: RolloutRing | None, timeout: float = 5.0) -> None:
+    """Let the collectors exit, reading what they still send (a rollout's message can be
+    megabytes, and a collector exits only once its queue has flushed into the pipe), then
+    terminate any that are still running after `timeout` seconds."""
+    draining = threading.Event()
+
+    def drain() -> None:
+        while not draining.is_set():
+            taken = ring.take(timeout=0.1)
+            if taken is not None:
+                ring.release(taken[0])
+
+    if ring is not None:
+        reader = threading.Thread(target=drain, name="hetlab-drain", daemon=True)
+        reader.start()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join()
+    draining.set()
 
 
 def _checkpoint(run_dir: Path, iteration: int, algo, collector_states: list, sync: bool) -> None:

@@ -34,7 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from hetlab.errors import UserError
-from hetlab.runtime.shm import Segment, array_view, attach_segment, close_segment, create_segment
+from hetlab.runtime.shm import Segment, array_view, attach_segment, check_fits, close_segment, create_segment
 
 ALIGN = 64  # every field starts on its own cache line: aligned views, no false sharing between fields
 
@@ -112,11 +112,7 @@ class RolloutRing:
         if num_slots < 1:
             raise UserError(f"the rollout ring needs at least one slot, got {num_slots}")
         self.layout, self.num_slots = layout, num_slots
-        self._segment: Segment | None = create_segment(
-            "hetlab_ring", num_slots * layout.nbytes,
-            what=f"the rollout ring ({num_slots} slots of {layout.horizon} steps × {layout.num_envs} envs)",
-            fix="use fewer envs, a shorter horizon or fewer ring slots",
-        )
+        self._segment: Segment | None = create_segment("hetlab_ring", **_size_and_advice(layout, num_slots))
         self.name = self._segment.name
         self._creator, self._closed = True, False
         context = multiprocessing.get_context("spawn")
@@ -171,6 +167,11 @@ class RolloutRing:
             for name, f in self.layout.fields.items()
         }
 
+    @staticmethod
+    def check_fits(layout: RolloutLayout, num_slots: int) -> None:
+        """UserError unless a ring of this size fits in shared memory: for checks before any work."""
+        check_fits(**_size_and_advice(layout, num_slots))
+
     def close(self) -> None:
         """Unmap; the learner also unlinks the segment. Idempotent, safe in `finally` blocks."""
         if self._closed:
@@ -179,12 +180,14 @@ class RolloutRing:
         segment, self._segment = self._segment, None
         if segment is not None:
             close_segment(segment, unlink=self._creator)
-        # Nothing still buffered for the queues matters once the ring closes (a collector's
-        # last message, with its task state, can be megabytes): do not let interpreter exit
-        # wait to flush it into a pipe that nobody reads any more.
-        for q in (self._free, self._full):
-            q.cancel_join_thread()
-            q.close()
+        if self._creator:
+            # Nothing the learner still buffers for the queues matters now: do not let
+            # interpreter exit wait to flush it into pipes that nobody reads any more. A
+            # collector, though, must flush: a message cut off mid-write would leave its
+            # reader blocked on the rest for ever.
+            for q in (self._free, self._full):
+                q.cancel_join_thread()
+                q.close()
 
     def __enter__(self) -> RolloutRing:
         return self
@@ -196,3 +199,11 @@ class RolloutRing:
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"slot {slot} is not in the ring's 0..{self.num_slots - 1}")
         return slot
+
+
+def _size_and_advice(layout: RolloutLayout, num_slots: int) -> dict:
+    return {
+        "nbytes": num_slots * layout.nbytes,
+        "what": f"the rollout ring ({num_slots} slots of {layout.horizon} steps × {layout.num_envs} envs)",
+        "fix": "use fewer envs, a shorter horizon or fewer ring slots",
+    }

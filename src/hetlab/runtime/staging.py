@@ -78,11 +78,13 @@ class DeviceStager:
                 tensor.record_stream(consumer)
         return batch, metas
 
-    def stop(self) -> None:
-        """Stop and join the thread (it finishes the slot it is copying). Idempotent."""
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop and join the thread (it finishes the slot it is copying). Idempotent. The thread
+        is a daemon: if a killed collector left a half-written message it can block on, it is
+        left behind rather than hanging the learner."""
         self._stopping.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
 
     def _host_batch(self, num_envs: int) -> dict[str, torch.Tensor]:
         batch = {}
