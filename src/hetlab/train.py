@@ -86,6 +86,11 @@ class TrainConfig:
             return self.ring_slots
         return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
 
+    def build_algorithm(self, device: torch.device):
+        """The run's algorithm, freshly initialised from its seed."""
+        task = task_class(self.task)
+        return ALGOS[self.algo](task.obs_sizes, task.action_size, self.algo_config, device, seed=self.seed)
+
     def rollout_layout(self) -> RolloutLayout:
         task = task_class(self.task)
         return RolloutLayout(self.horizon, self.envs // self.collectors, dict(task.obs_sizes), task.action_size)
@@ -109,8 +114,12 @@ def _validate(cfg: TrainConfig) -> None:
     RolloutRing.check_fits(cfg.rollout_layout(), cfg.resolved_ring_slots)
 
 
-def _config_from_json(data: dict) -> TrainConfig:
-    data = dict(data)
+def load_run_config(run_dir: Path) -> TrainConfig:
+    """The resolved config a run directory was trained with."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no config.json; pass a run directory written by `hetlab train`")
+    data = json.loads(path.read_text())
     data["ppo"] = PPOConfig(**data["ppo"])
     data["appo"] = APPOConfig(**data["appo"])
     return TrainConfig(**data)
@@ -124,7 +133,7 @@ def train(cfg: TrainConfig) -> Path:
     if cfg.resume:
         run_dir = Path(cfg.resume)
         resume_state = load_checkpoint(run_dir)
-        saved = _config_from_json(json.loads((run_dir / "config.json").read_text()))
+        saved = load_run_config(run_dir)
         cfg = dataclasses.replace(saved, max_iterations=cfg.max_iterations, max_seconds=cfg.max_seconds,
                                   resume=cfg.resume)
     _validate(cfg)
@@ -140,9 +149,7 @@ def train(cfg: TrainConfig) -> Path:
     budget = thread_budget(device, cfg.threads, overlap=not sync)
     apply_thread_budget(budget)
     physics_threads = max(1, budget.physics // cfg.collectors)
-    task_cls = task_class(cfg.task)
-    algo = ALGOS[cfg.algo](task_cls.obs_sizes, task_cls.action_size, cfg.algo_config,
-                           torch.device(device.torch_device), seed=cfg.seed)
+    algo = cfg.build_algorithm(torch.device(device.torch_device))
     iteration = 0
     if resume_state is not None:
         algo.load_state_dict(resume_state["algo"])
