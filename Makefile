@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	# requirement resolved by pip alone would download a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
+	# ALOHA meshes and MJCF only: gym-aloha pins MuJoCo < 3.9, so it comes without its
+	# dependencies and hetlab never imports its code (see hetlab.assets).
+	$(PIP) install -q --no-deps gym-aloha==0.1.5
 	touch $@
 
 setup: $(VENV)/.installed
