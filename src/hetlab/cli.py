@@ -31,6 +31,7 @@ from hetlab.train import train as run_training
 
 app = SubcommandApp()
 bench = SubcommandApp()
+aloha = SubcommandApp()
 console = Console()
 # Progress and tables go to stderr when stdout must hold JSON alone.
 err_console = Console(stderr=True)
@@ -209,7 +210,44 @@ def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
     console.print(table)
 
 
+def seed_range(text: str) -> range:
+    """Seeds from "A-B" (A to B inclusive) or a single "N"."""
+    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
+    if match is None:
+        raise UserError(f"--seeds takes a range A-B of non-negative integers (e.g. 0-99) or one seed, got {text!r}")
+    first = int(match[1])
+    last = int(match[2]) if match[2] is not None else first
+    if last < first:
+        raise UserError(f"--seeds {text}: the range ends before it starts; write A-B with A <= B")
+    return range(first, last + 1)
+
+
+@dataclass(frozen=True)
+class AlohaExpertConfig:
+    seeds: str = "0-99"  # episode seeds: A-B (inclusive) or one seed
+    workers: int = 1  # episodes run at once, one process each
+    json: bool = False
+
+
+@aloha.command(name="expert")
+def aloha_expert(cfg: Annotated[AlohaExpertConfig, tyro.conf.arg(name="")] = AlohaExpertConfig()) -> None:
+    """Run the scripted IK expert on the ALOHA cube transfer and report how often the left arm ends up holding the cube."""
+    from hetlab.aloha.expert import run_expert
+
+    seeds = seed_range(cfg.seeds)
+    with Progress(console=err_console, transient=True) as progress:
+        result = run_expert(seeds, cfg.workers, progress)
+    if cfg.json:
+        _print_json(result)
+        return
+    console.print(f"expert: {result['successes']}/{result['episodes']} episodes succeeded "
+                  f"({100 * result['success_rate']:.1f} %)", highlight=False)
+    if result["failed_seeds"]:
+        console.print(f"failed seeds: {' '.join(map(str, result['failed_seeds']))}", highlight=False, soft_wrap=True)
+
+
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
+app.command(aloha, name="aloha", help="The ALOHA cube-transfer world: `hetlab aloha expert`.")
 
 
 def main(argv: list[str] | None = None) -> None:
