@@ -1,0 +1,194 @@
+"""FastSAC: SAC tuned for massively parallel simulation, as Holosoma implements it.
+
+Source: Holosoma (github.com/amazon-far/holosoma, `agents/fast_sac/fast_sac.py` and
+`fast_sac_agent.py`, defaults from `config_types/algo.py`), which carries FastTD3's recipe
+(Seo et al. 2025, "FastTD3: Simple, Fast, and Capable Reinforcement Learning for Humanoid
+Control", arXiv:2505.22642) over to SAC. Kept from Holosoma: large batches (8192) and many
+updates per vectorised step (8); a distributional C51 critic (101 atoms on [−20, 20]) of two
+Q-networks, each trained by cross-entropy against the projection of its own target network's
+distribution; Linear → LayerNorm → SiLU networks (actor 512/256/128, critic 768/384/192) with
+zero-initialised actor heads and the log std squashed into [−5, 0]; γ 0.97; τ 0.125 after every
+critic step; the actor updated every 4 critic steps on the mean of the two Q-values; the
+temperature updated with every critic step from the target's next-state log-probabilities,
+starting at α = 0.001 with target entropy 0; AdamW (3e-4, betas 0.9/0.95, weight decay 1e-3);
+no gradient clipping; asymmetric actor-critic; observation normalisation.
+
+What differs:
+- the runtime computes n-step returns and the bootstrap factor: each atom z is projected to
+  `rewards + bootstrap·(z − α log π(a'|s'))`, which is Holosoma's target written with the
+  bootstrap factor γ^k (or 0) it computes from `dones`, `truncations` and `effective_n_steps`;
+- the temperature's AdamW has no weight decay (Holosoma's inherits AdamW's default 0.01,
+  which pulls log α towards 0);
+- the actor and the critic each own their normaliser, folded in with the batch's `policy_obs`
+  and `critic_obs` at the start of every update (Holosoma folds in the sampled batch likewise);
+- Holosoma's actor runs at critic steps 2 and 6 of each group of 8; here at every 4th update.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hetlab.algos.off_policy_networks import (
+    QEnsemble,
+    TanhGaussianActor,
+    build_on_cpu,
+    categorical_projection,
+    check_common_config,
+    frozen,
+    gradient_step,
+    maybe_compile,
+    mixed_precision,
+    plain_metrics,
+    soft_update,
+    standard_normal,
+)
+from hetlab.errors import UserError
+
+
+@dataclass(frozen=True)
+class FastSACConfig:
+    actor_hidden: tuple[int, ...] = (512, 256, 128)
+    critic_hidden: tuple[int, ...] = (768, 384, 192)
+    layer_norm: bool = True
+    num_q_networks: int = 2
+    num_atoms: int = 101
+    v_min: float = -20.0
+    v_max: float = 20.0
+    normalize_obs: bool = True
+    batch_size: int = 8192
+    gamma: float = 0.97
+    n_step: int = 1
+    updates_per_step: float = 8.0  # gradient updates per vectorised env step
+    learning_starts: int = 10  # env steps per env of uniform-random actions before updates start
+    tau: float = 0.125
+    actor_learning_rate: float = 3e-4
+    critic_learning_rate: float = 3e-4
+    alpha_learning_rate: float = 3e-4
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 1e-3  # AdamW, actor and critic
+    max_grad_norm: float = 0.0  # 0: no clipping
+    init_alpha: float = 1e-3
+    target_entropy_ratio: float = 0.0  # target entropy = −ratio · action size
+    log_std_min: float = -5.0
+    log_std_max: float = 0.0
+    policy_frequency: int = 4  # critic updates per actor update
+    compile: bool = False
+    bf16: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
+        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
+        object.__setattr__(self, "adam_betas", tuple(self.adam_betas))
+        check_common_config(self, "FastSAC")
+        if not self.actor_hidden or not self.critic_hidden:
+            raise UserError("invalid FastSAC config: actor_hidden and critic_hidden need at least one layer")
+        if self.num_atoms < 2 or self.v_min >= self.v_max or self.num_q_networks < 1:
+            raise UserError("invalid FastSAC config: need num_atoms ≥ 2, v_min < v_max and num_q_networks ≥ 1")
+        if self.init_alpha <= 0 or self.log_std_min >= self.log_std_max:
+            raise UserError("invalid FastSAC config: init_alpha must be > 0 and log_std_min < log_std_max")
+
+
+class FastSAC:
+    name = "fastsac"
+    Config = FastSACConfig
+
+    def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: FastSACConfig, device: torch.device,
+                 seed: int = 0):
+        self.cfg = cfg
+        self.device = device
+        self.actor: TanhGaussianActor
+        self.critic: QEnsemble
+        self.actor, self.critic = build_on_cpu(seed, lambda: (
+            TanhGaussianActor(obs_sizes["policy"], action_size, cfg.actor_hidden, cfg.log_std_min, cfg.log_std_max,
+                              cfg.normalize_obs, activation=nn.SiLU, layer_norm=cfg.layer_norm, zero_init_heads=True),
+            QEnsemble(obs_sizes["critic"], action_size, cfg.critic_hidden, cfg.num_atoms, cfg.num_q_networks,
+                      cfg.normalize_obs, activation=nn.SiLU, layer_norm=cfg.layer_norm),
+        ), device)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.support = torch.linspace(cfg.v_min, cfg.v_max, cfg.num_atoms, device=device)
+        self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
+        self.target_entropy = -cfg.target_entropy_ratio * action_size
+        adamw = {"betas": cfg.adam_betas, "weight_decay": cfg.weight_decay}
+        self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_learning_rate, **adamw)
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_learning_rate, **adamw)
+        self.alpha_optimizer = torch.optim.AdamW([self.log_alpha], lr=cfg.alpha_learning_rate,
+                                                 betas=cfg.adam_betas, weight_decay=0.0)
+        self.updates = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self.sample_actions = maybe_compile(self.actor.sample, cfg.compile)
+        self.q_logits = maybe_compile(self.critic, cfg.compile)
+        self.target_q_logits = maybe_compile(self.target_critic, cfg.compile)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One critic and temperature step; an actor step every `policy_frequency` calls; then the target."""
+        cfg = self.cfg
+        self.updates += 1
+        self.actor.update_normalizer(batch["policy_obs"])
+        self.critic.update_normalizer(batch["critic_obs"])
+        batch_size, action_size = batch["actions"].shape
+
+        with mixed_precision(self.device, cfg.bf16):
+            with torch.no_grad():
+                noise = standard_normal((batch_size, action_size), self.generator, self.device)
+                next_actions, next_log_probs = self.sample_actions(batch["next_policy_obs"], noise)
+                next_log_probs = next_log_probs.float()
+                alpha = self.log_alpha.exp()
+                # The entropy bonus enters through the reward, so the same projection applies.
+                soft_rewards = batch["rewards"] - batch["bootstrap"] * alpha * next_log_probs
+                next_probs = F.softmax(self.target_q_logits(batch["next_critic_obs"], next_actions).float(), dim=-1)
+                target_probs = categorical_projection(next_probs, self.support, soft_rewards, batch["bootstrap"])
+            logits = self.q_logits(batch["critic_obs"], batch["actions"]).float()  # (K, B, atoms)
+            # Cross-entropy of each member against its own target, averaged over the batch, summed over members.
+            critic_loss = -(target_probs * F.log_softmax(logits, dim=-1)).sum(-1).mean(-1).sum()
+        gradient_step(self.critic_optimizer, critic_loss, cfg.max_grad_norm)
+        alpha_loss = -(self.log_alpha.exp() * (next_log_probs + self.target_entropy)).mean()
+        gradient_step(self.alpha_optimizer, alpha_loss)
+        q_mean = (F.softmax(logits.detach(), dim=-1) * self.support).sum(-1).mean()
+        metrics: dict[str, torch.Tensor | float] = {
+            "critic_loss": critic_loss, "q_mean": q_mean, "alpha": self.log_alpha.detach().exp(), "alpha_loss": alpha_loss,
+        }
+
+        if self.updates % cfg.policy_frequency == 0:
+            with mixed_precision(self.device, cfg.bf16), frozen(self.critic):
+                noise = standard_normal((batch_size, action_size), self.generator, self.device)
+                actions, log_probs = self.sample_actions(batch["policy_obs"], noise)
+                q_probs = F.softmax(self.q_logits(batch["critic_obs"], actions).float(), dim=-1)
+                q_new = (q_probs * self.support).sum(-1).mean(0)  # the members' mean
+                actor_loss = (self.log_alpha.detach().exp() * log_probs.float() - q_new).mean()
+            gradient_step(self.actor_optimizer, actor_loss, cfg.max_grad_norm)
+            metrics.update(actor_loss=actor_loss, entropy=-log_probs.mean())
+
+        soft_update(self.target_critic, self.critic, cfg.tau)
+        return plain_metrics(metrics)
+
+    def state_dict(self) -> dict:
+        """A snapshot (not live tensors) of everything an exact resume needs."""
+        return copy.deepcopy({
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target_critic": self.target_critic.state_dict(),
+            "log_alpha": self.log_alpha.detach(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+            "updates": self.updates,
+            "generator": self.generator.get_state(),
+        })
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
+        self.target_critic.load_state_dict(state["target_critic"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        self.updates = int(state["updates"])
+        self.generator.set_state(state["generator"].cpu())
