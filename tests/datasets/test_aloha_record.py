@@ -1,0 +1,87 @@
+"""Recording the scripted expert: killed mid-episode, the dataset keeps what was committed; a rerun completes it.
+
+Episodes here are short (30 steps at 96×128), which ends them before the handover, so the
+expert "fails" on all of them: the tests that need episodes record them anyway
+(successful_only=False), and one checks that failed seeds are skipped rather than recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hetlab.aloha.record import RecordConfig, record
+from hetlab.datasets.lerobot import LeRobotDataset
+from hetlab.errors import UserError
+
+CAMERA = "observation.images.top"
+STEPS = 30
+
+
+def short_recording(out, episodes: int, **overrides) -> RecordConfig:
+    options = dict(episodes=episodes, out=out, height=96, width=128, workers=1, steps=STEPS, first_seed=5,
+                   successful_only=False)
+    return RecordConfig(**(options | overrides))
+
+
+def test_killed_recording_keeps_committed_episodes_and_a_rerun_completes_it(tmp_path):
+    out = tmp_path / "aloha"
+    cfg = short_recording(out, episodes=3)
+    first_committed = out / "meta/episodes/chunk-000/file-000.parquet"
+    child = multiprocessing.get_context("spawn").Process(target=record, args=(cfg,))
+    child.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not first_committed.exists() and child.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first_committed.exists(), "the recording never committed its first episode"
+        os.kill(child.pid, signal.SIGKILL)  # mid-way through the second episode
+    finally:
+        child.join(10)
+    assert child.exitcode == -signal.SIGKILL
+
+    survivors = LeRobotDataset(out)
+    assert 1 <= len(survivors.episodes) < 3, "the kill should land before the last episode"
+    kept = {e: survivors.episode_lengths[e] for e in survivors.episodes}
+    before = [survivors[i] for i in range(len(survivors))]  # every committed frame decodes
+    assert all(length == STEPS for length in kept.values())
+
+    summary = record(cfg)
+    assert summary["episodes"] == 3 and summary["written"] == 3 - len(kept) and summary["failed_seeds"] == []
+    ds = LeRobotDataset(out)
+    assert ds.episodes == [0, 1, 2] and len(ds) == 3 * STEPS
+    for i, item in enumerate(before):  # the earlier episodes are untouched
+        np.testing.assert_array_equal(ds[i][CAMERA].numpy(), item[CAMERA].numpy())
+        np.testing.assert_array_equal(ds[i]["action"].numpy(), item["action"].numpy())
+    seeds = [row["seed"] for path in sorted(out.glob("meta/episodes/*/*.parquet"))
+             for row in pq.read_table(path).to_pylist()]
+    assert seeds == [5, 6, 7]
+    info = json.loads((out / "meta/info.json").read_text())
+    assert (info["total_episodes"], info["total_frames"]) == (3, 3 * STEPS)
+    assert not (out / ".staging").exists()
+    assert not [p for p in out.rglob(".*") if p.name != ".writer.lock"], "temporary files left behind"
+    assert record(cfg)["written"] == 0  # nothing left to do
+
+
+def test_failed_seeds_are_skipped_and_a_hopeless_expert_stops(tmp_path):
+    out = tmp_path / "aloha"
+    cfg = short_recording(out, episodes=1, steps=5, workers=2, successful_only=True, give_up_after=3)
+    with pytest.raises(UserError, match="failed on 3 seeds in a row"):
+        record(cfg)
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["total_episodes"] == 0 and not list(out.glob("data/*/*.parquet"))
+
+
+def test_bad_settings_are_refused_before_anything_runs(tmp_path):
+    with pytest.raises(UserError, match="even and at least 64"):
+        record(short_recording(tmp_path / "x", episodes=1, height=63))
+    with pytest.raises(UserError, match="--workers"):
+        record(short_recording(tmp_path / "x", episodes=1, workers=-1))
+    assert not (tmp_path / "x").exists()
