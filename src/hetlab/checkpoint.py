@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,9 @@ def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return node
 
 
-def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any]) -> Path:
+def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
+                    write_extra: Callable[[Path], None] | None = None) -> Path:
+    """Write `state` (and whatever `write_extra(directory)` puts beside it) as one checkpoint."""
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     final = checkpoints / f"{iteration:07d}"
@@ -62,6 +65,8 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any]) -> Pat
     tree = _flatten(state, "", tensors)
     save_file(tensors, tmp / "tensors.safetensors")
     (tmp / "state.json").write_text(json.dumps(tree))
+    if write_extra is not None:
+        write_extra(tmp)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": final.name, "iteration": iteration}))
@@ -70,14 +75,20 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any]) -> Pat
     return final
 
 
-def load_checkpoint(run_dir: Path) -> dict[str, Any]:
+def checkpoint_dir(run_dir: Path) -> Path:
+    """The directory of the run's newest checkpoint."""
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
         raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
     try:
-        path = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
+        return run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{pointer} is corrupt ({e}); write {{\"latest\": \"<a directory in checkpoints/>\"}} into it") from e
+
+
+def load_checkpoint(run_dir: Path) -> dict[str, Any]:
+    path = checkpoint_dir(run_dir)
+    pointer = run_dir / "checkpoint.json"
     try:
         tensors = load_file(path / "tensors.safetensors")
         tree = json.loads((path / "state.json").read_text())

@@ -1,6 +1,8 @@
 """`hetlab train`: CPU collectors feed a learner on the best device through shared memory.
 
-The loop, top to bottom: resolve the config and the run directory; build the algorithm on
+`train` resolves the config and the run directory and builds the algorithm on the learner
+device; the off-policy algorithms then continue in `hetlab.train_off_policy`. The on-policy
+loop (PPO, APPO), top to bottom: resolve the config and the run directory; build the algorithm on
 the learner device; lay out the rollout ring and the weight broadcast in shared memory;
 spawn the collectors; then per iteration take a staged batch, update, publish the new
 weights, log, and checkpoint. `sync` mode is collect → learn → collect (the collectors
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import multiprocessing
 import queue
 import signal
@@ -32,12 +35,17 @@ from rich.console import Console
 
 from hetlab.algos import ALGOS
 from hetlab.algos.appo import APPOConfig
+from hetlab.algos.fastsac import FastSACConfig
+from hetlab.algos.flashsac import FlashSACConfig
 from hetlab.algos.ppo import PPOConfig
+from hetlab.algos.sac import SACConfig
+from hetlab.algos.td3 import TD3Config
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
-from hetlab.devices import apply_thread_budget, pick_device, thread_budget
+from hetlab.devices import LearnerDevice, apply_thread_budget, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.runtime.collector import CollectorSpec, run_collector
+from hetlab.runtime.replay import ReplayLayout
 from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
 from hetlab.runtime.staging import DeviceStager
 from hetlab.runtime.timeline import SpanRecorder, Timeline
@@ -46,20 +54,34 @@ from hetlab.tasks import make_config, task_class
 
 console = Console()
 FAILURE_POLL_S = 0.25  # how often the learner checks on its collectors while it waits
+OFF_POLICY = ("sac", "td3", "fastsac", "flashsac")
+ALGO_CONFIGS = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig, "td3": TD3Config, "fastsac": FastSACConfig,
+                "flashsac": FlashSACConfig}
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    replay_capacity: int = 1_000_000  # transitions kept, over all envs
+    # Where the exploring policy runs: each collector's CPU copy, or the learner's device through a
+    # request/response ring; auto: the learner when it is an accelerator, else the collectors.
+    inference: Literal["auto", "collector", "learner"] = "auto"
+    lead: int = 4  # env steps a collector may run ahead of the update-to-data ratio
+    weight_sync_every: int = 0  # updates between weight publishes; 0: the updates of one env step
+    save_replay: bool = False  # checkpoints include the replay buffer, so a resumed run does not start empty
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Train a policy: PPO (sync) or APPO (async) on a hetlab task."""
+    """Train a policy: PPO (sync), APPO (async), or SAC, TD3, FastSAC, FlashSAC (off-policy) on a hetlab task."""
 
-    algo: Literal["ppo", "appo"] = "ppo"
+    algo: Literal["ppo", "appo", "sac", "td3", "fastsac", "flashsac"] = "ppo"
     task: str = "go1-joystick-flat"
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     mode: Literal["sync", "async", "auto"] = "auto"  # auto: sync for PPO, async for APPO
     device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
     threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
-    horizon: int = 24  # env steps per rollout
+    horizon: int = 24  # env steps per rollout (off-policy: per iteration)
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
     max_iterations: int = 1000
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
@@ -69,12 +91,36 @@ class TrainConfig:
     resume: str | None = None  # a run directory to continue; its saved config is used
     ppo: PPOConfig = field(default_factory=PPOConfig)
     appo: APPOConfig = field(default_factory=APPOConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
+    td3: TD3Config = field(default_factory=TD3Config)
+    fastsac: FastSACConfig = field(default_factory=FastSACConfig)
+    flashsac: FlashSACConfig = field(default_factory=FlashSACConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+
+    @property
+    def is_off_policy(self) -> bool:
+        return self.algo in OFF_POLICY
 
     @property
     def resolved_mode(self) -> str:
         if self.mode != "auto":
             return self.mode
         return "sync" if self.algo == "ppo" else "async"
+
+    def resolved_inference(self, device: LearnerDevice) -> str:
+        if self.off_policy.inference != "auto":
+            return self.off_policy.inference
+        return "learner" if device.is_accelerator else "collector"
+
+    @property
+    def updates_per_iteration(self) -> int:
+        """Off-policy: the updates that `horizon` env steps pay for."""
+        return max(1, round(self.horizon * self.algo_config.updates_per_step))
+
+    def replay_layout(self) -> ReplayLayout:
+        task = task_class(self.task)
+        return ReplayLayout(self.off_policy.replay_capacity // self.envs, self.collectors, self.envs // self.collectors,
+                            dict(task.obs_sizes), task.action_size)
 
     @property
     def algo_config(self):
@@ -102,6 +148,10 @@ def _validate(cfg: TrainConfig) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.envs % cfg.collectors:
         raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
+    make_config(cfg.task, num_envs=cfg.envs // cfg.collectors, threads=cfg.threads, seed=cfg.seed)
+    if cfg.is_off_policy:
+        _validate_off_policy(cfg)
+        return
     minibatches = cfg.algo_config.num_mini_batches
     if (cfg.horizon * cfg.envs) % minibatches:
         raise UserError(
@@ -110,8 +160,28 @@ def _validate(cfg: TrainConfig) -> None:
         )
     if cfg.ring_slots and cfg.ring_slots < cfg.collectors:
         raise UserError(f"--ring-slots {cfg.ring_slots} must be at least --collectors {cfg.collectors}")
-    make_config(cfg.task, num_envs=cfg.envs // cfg.collectors, threads=cfg.threads, seed=cfg.seed)
     RolloutRing.check_fits(cfg.rollout_layout(), cfg.resolved_ring_slots)
+
+
+def _validate_off_policy(cfg: TrainConfig) -> None:
+    if cfg.mode == "sync":
+        raise UserError(f"{cfg.algo} runs asynchronously (the update-to-data ratio keeps collectors and learner "
+                        "in step); drop --mode sync")
+    algo = cfg.algo_config
+    # The stager works one update ahead of the learner; the collectors must be allowed the steps that pays for.
+    least_lead = math.ceil(1 / algo.updates_per_step) + 1
+    if cfg.off_policy.lead < least_lead:
+        raise UserError(f"--off-policy.lead {cfg.off_policy.lead} is too short for {algo.updates_per_step} updates "
+                        f"per step; use at least {least_lead}")
+    if cfg.off_policy.weight_sync_every < 0:
+        raise UserError("--off-policy.weight-sync-every must be ≥ 0")
+    layout = cfg.replay_layout()
+    if algo.learning_starts < 1 or algo.learning_starts + cfg.off_policy.lead >= layout.rows - layout.guard_rows:
+        raise UserError(
+            f"learning_starts must be at least 1 and, with the lead, below the {layout.rows - layout.guard_rows} "
+            "steps per env the replay buffer keeps; raise --off-policy.replay-capacity or lower learning_starts"
+        )
+    layout.check_fits()
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:
@@ -120,8 +190,10 @@ def load_run_config(run_dir: Path) -> TrainConfig:
     if not path.is_file():
         raise UserError(f"{run_dir} has no config.json; pass a run directory written by `hetlab train`")
     data = json.loads(path.read_text())
-    data["ppo"] = PPOConfig(**data["ppo"])
-    data["appo"] = APPOConfig(**data["appo"])
+    for name, config in ALGO_CONFIGS.items():
+        if name in data:  # runs from before an algorithm existed lack its section
+            data[name] = config(**data[name])
+    data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
     return TrainConfig(**data)
 
 
@@ -150,6 +222,11 @@ def train(cfg: TrainConfig) -> Path:
     apply_thread_budget(budget)
     physics_threads = max(1, budget.physics // cfg.collectors)
     algo = cfg.build_algorithm(torch.device(device.torch_device))
+    if cfg.is_off_policy:
+        from hetlab.train_off_policy import train_off_policy
+
+        train_off_policy(cfg, run_dir, device, algo, resume_state, physics_threads)
+        return run_dir
     iteration = 0
     if resume_state is not None:
         algo.load_state_dict(resume_state["algo"])
@@ -199,7 +276,7 @@ def train(cfg: TrainConfig) -> Path:
             with learner.span("wait_data"):
                 staged = None
                 while staged is None and not interrupted.is_set():
-                    _check_collectors(processes, errors)
+                    check_collectors(processes, errors)
                     staged = stager.next(timeout=FAILURE_POLL_S)
             if interrupted.is_set():
                 stopped_by = "interrupted"
@@ -220,7 +297,7 @@ def train(cfg: TrainConfig) -> Path:
                 timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                 collector_states[meta["collector"]] = meta["state"]
             timeline.add(iteration, "learner", learner.take())
-            row = _log(writer, console, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns,
+            row = _log(writer, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns,
                        episode_lengths, timeline, time.perf_counter() - start)
             history.append(row)
             iteration += 1
@@ -232,17 +309,17 @@ def train(cfg: TrainConfig) -> Path:
         if stager is not None:
             stager.stop()
         stop.set()
-        _join_collectors(processes, ring)
+        join_collectors(processes, (lambda: _drain_slot(ring)) if ring is not None else None)
         for resource in (ring, weights, writer):
             if resource is not None:
                 resource.close()
     if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
         _checkpoint(run_dir, iteration, algo, collector_states, sync)
-    _finish(run_dir, cfg, history, timeline, wall, stopped_by)
+    finish(run_dir, cfg, history, timeline, wall, stopped_by, len(history) * cfg.horizon * cfg.envs)
     return run_dir
 
 
-def _check_collectors(processes, errors) -> None:
+def check_collectors(processes, errors) -> None:
     """Raise, with the collector's traceback or exit code, as soon as one has failed."""
     try:
         index, trace = errors.get_nowait()
@@ -259,19 +336,24 @@ def _check_collectors(processes, errors) -> None:
                 raise RuntimeError(f"collector {index} died with exit code {process.exitcode}") from None
 
 
-def _join_collectors(processes, ring: RolloutRing | None, timeout: float = 5.0) -> None:
-    """Let the collectors exit, reading what they still send (a rollout's message can be
-    megabytes, and a collector exits only once its queue has flushed into the pipe), then
-    terminate any that are still running after `timeout` seconds."""
+def _drain_slot(ring: RolloutRing) -> None:
+    taken = ring.take(timeout=0.1)
+    if taken is not None:
+        ring.release(taken[0])
+
+
+def join_collectors(processes, drain_one=None, timeout: float = 5.0) -> None:
+    """Let the collectors exit while a thread calls `drain_one()` (which reads, with a short
+    timeout, one message they may still send: a collector exits only once its queue has
+    flushed into the pipe, and a rollout's message can be megabytes), then terminate any
+    still running after `timeout` seconds."""
     draining = threading.Event()
 
     def drain() -> None:
         while not draining.is_set():
-            taken = ring.take(timeout=0.1)
-            if taken is not None:
-                ring.release(taken[0])
+            drain_one()
 
-    if ring is not None:
+    if drain_one is not None:
         reader = threading.Thread(target=drain, name="hetlab-drain", daemon=True)
         reader.start()
     deadline = time.monotonic() + timeout
@@ -295,43 +377,52 @@ def _checkpoint(run_dir: Path, iteration: int, algo, collector_states: list, syn
     })
 
 
-def _mean(values) -> float:
+def mean(values) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def _log(writer, console, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths,
-         timeline, wall):
+def _log(writer, iteration, first_iteration, cfg, metrics, metas, lag, episode_returns, episode_lengths, timeline,
+         wall) -> dict:
     steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, resumed sessions included
     row = {
         "iteration": iteration,
         "env_steps": steps,
         "wall_seconds": wall,
         "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,  # this session
-        "mean_reward": _mean(episode_returns),
-        "episode_length": _mean(episode_lengths),
+        "mean_reward": mean(episode_returns),
+        "episode_length": mean(episode_lengths),
         "policy_lag": lag,
         "learner_utilisation": timeline.fraction("learner", ("update",)),
-        "collector_utilisation": _mean(
+        "collector_utilisation": mean(
             [timeline.fraction(f"collector {i}", ("env_step", "inference", "write")) for i in range(cfg.collectors)]
         ),
         **{f"loss/{k}": v for k, v in metrics.items()},
     }
-    for name in metas[0]["reward_terms"]:
-        writer.add_scalar(f"reward_terms/{name}", _mean([m["reward_terms"][name] for m in metas]), steps)
+    terms = {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]}
+    log_row(writer, row, terms)
+    return row
+
+
+def log_row(writer, row: dict, reward_terms: dict[str, float]) -> None:
+    """An iteration's row to TensorBoard (against env steps) and one line to the console."""
+    steps = row["env_steps"]
+    for name, value in reward_terms.items():
+        writer.add_scalar(f"reward_terms/{name}", value, steps)
     for key, value in row.items():
         if key != "iteration":
             writer.add_scalar(key if "/" in key else f"train/{key}", value, steps)
     console.print(
-        f"it {iteration:5d} | {row['env_steps_per_s']:7,.0f} steps/s | reward {row['mean_reward']:8.3f} | "
-        f"ep len {row['episode_length']:6.1f} | lag {lag:4.1f} | "
+        f"it {row['iteration']:5d} | {row['env_steps_per_s']:7,.0f} steps/s | reward {row['mean_reward']:8.3f} | "
+        f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
         f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}",
         highlight=False, soft_wrap=True,
     )
-    return row
 
 
-def _finish(run_dir: Path, cfg: TrainConfig, history: list[dict], timeline: Timeline, wall: float,
-            stopped_by: str) -> None:
+def finish(run_dir: Path, cfg: TrainConfig, history: list[dict], timeline: Timeline, wall: float,
+           stopped_by: str, session_steps: int) -> None:
+    """summary.json, history.json, the Chrome trace and the plots; `session_steps`: env steps
+    collected in this session (a resumed run's earlier sessions excluded)."""
     rewards = [row["mean_reward"] for row in history if row["mean_reward"] == row["mean_reward"]]
     summary = {
         "task": cfg.task,
@@ -339,15 +430,17 @@ def _finish(run_dir: Path, cfg: TrainConfig, history: list[dict], timeline: Time
         "mode": cfg.resolved_mode,
         "stopped_by": stopped_by,
         "iterations": len(history),
-        "env_steps": len(history) * cfg.horizon * cfg.envs,
+        "env_steps": session_steps,
         "wall_seconds": wall,
-        "env_steps_per_s": len(history) * cfg.horizon * cfg.envs / wall if wall else 0.0,
+        "env_steps_per_s": session_steps / wall if wall else 0.0,
         "mean_reward_first": rewards[0] if rewards else None,
         "mean_reward_last": rewards[-1] if rewards else None,
-        "policy_lag_mean": _mean([row["policy_lag"] for row in history]),
+        "policy_lag_mean": mean([row["policy_lag"] for row in history]),
         "learner_idle_fraction": timeline.fraction("learner", ("wait_data",)),
         "time_breakdown_s": timeline.summary(),
     }
+    if history and "updates" in history[-1]:  # off-policy
+        summary |= {"updates": history[-1]["updates"], "updates_per_s": history[-1]["updates_per_s"]}
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     write_text_atomic(run_dir / "history.json", json.dumps(history))
     timeline.write_chrome_trace(run_dir / "trace.json")

@@ -1,10 +1,16 @@
-"""A collector: a CPU process that owns a sim, a task and a copy of the actor, and fills ring slots.
+"""A collector: a CPU process that owns a sim, a task and a policy, and fills shared buffers.
 
-Between rollouts it picks up the newest published weights (in sync mode it first waits for
-the version after the one it last used), takes a free slot, steps the task `horizon` times
-writing straight into the slot's shared memory, and commits the slot with a small message:
-its episode statistics, reward terms, timing spans and, in sync mode (for an exact resume),
-the task's and its sampler's state after the rollout.
+On-policy (`run_collector`): between rollouts it picks up the newest published weights (in
+sync mode it first waits for the version after the one it last used), takes a free ring slot,
+steps the task `horizon` times writing straight into the slot's shared memory, and commits
+the slot with a small message: its episode statistics, reward terms, timing spans and, in
+sync mode (for an exact resume), the task's and its sampler's state after the rollout.
+
+Off-policy (`run_transition_collector`): it writes one replay row per env step and commits
+it, acting uniformly at random for the first `learning_starts` steps and then with its
+policy: its own CPU actor copy kept current from the weight broadcast (`LocalPolicy`), or
+the learner's device through `hetlab.runtime.inference_server`. It keeps the update-to-data
+ratio from the other side: it waits while it is more than `lead` steps ahead of the learner.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hetlab.runtime.replay import ReplayBuffer
 from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
@@ -132,3 +139,102 @@ def _rollout(task, actor, sampler, obs, slot: dict[str, np.ndarray], horizon: in
         "reward_terms": {name: total / horizon for name, total in term_sums.items()},
         "diverged": diverged,
     }
+
+
+@dataclass(frozen=True)
+class TransitionCollectorSpec:
+    index: int
+    task: str
+    task_options: dict[str, Any]
+    torch_threads: int
+    seed: int
+    learning_starts: int  # steps of uniform random actions before the policy acts
+    updates_per_step: float  # the learner's update-to-data ratio
+    lead: int  # steps a collector may run ahead of that ratio
+    first_step: int = 0  # steps this collector has already written (a resumed run continues its rows)
+    update_offset: int = 0  # learner updates done before the buffer's data began
+
+
+class LocalPolicy:
+    """The collector's own CPU copy of the actor, refreshed whenever a newer version is published."""
+
+    def __init__(self, actor: torch.nn.Module, weights: WeightBroadcast, seed: int):
+        self._actor, self._weights, self._seed = actor, weights, seed
+
+    def attach(self) -> None:
+        self._weights.attach()
+        self._state = self._actor.state_dict()
+        self._version = -1
+        self._generator = torch.Generator().manual_seed(self._seed)
+
+    def explore(self, obs: np.ndarray, stop) -> tuple[np.ndarray, int]:
+        if self._weights.version > self._version:
+            self._version = self._weights.read(self._state)
+        with torch.no_grad():
+            return self._actor.explore(torch.from_numpy(obs), self._generator).numpy(), self._version
+
+    def close(self) -> None:
+        self._weights.close()
+
+
+def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, stop, errors) -> None:
+    """Process entry point; reports any exception with its traceback on `errors`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        torch.set_num_threads(spec.torch_threads)
+        replay.attach()
+        policy.attach()
+        _collect_transitions(spec, policy, replay, stop)
+    except BaseException:
+        errors.put((spec.index, traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        replay.close()
+        policy.close()
+
+
+def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, stop) -> None:
+    task = make_task(spec.task, **spec.task_options)
+    random_actions = torch.Generator().manual_seed(spec.seed)
+    obs = task.reset()
+    recorder = SpanRecorder()
+    learner = multiprocessing.parent_process()
+    step, version = spec.first_step, -1
+    while not stop.is_set() and learner.is_alive():
+        with recorder.span("wait_learner"):
+            # The learner's updates since the buffer's data began pay for that many / ratio steps.
+            while (step >= spec.learning_starts + spec.lead
+                   + (replay.learner_updates - spec.update_offset) / spec.updates_per_step
+                   and not stop.is_set() and learner.is_alive()):
+                time.sleep(0.0005)
+        with recorder.span("inference"):
+            if step < spec.learning_starts:
+                actions = (torch.rand((task.num_envs, task.action_size), generator=random_actions) * 2 - 1).numpy()
+            else:
+                acted = policy.explore(obs["policy"], stop)
+                if acted is None:
+                    return
+                actions, version = acted
+        with recorder.span("env_step"):
+            next_obs, reward, terminated, truncated, info = task.step(actions)
+        with recorder.span("write"):
+            final = {group: next_obs[group].copy() for group in ("policy", "critic")}
+            returns, lengths = [], []
+            if "done_ids" in info:
+                for group in final:
+                    final[group][info["done_ids"]] = info["final_obs"][group]
+                returns, lengths = info["episode_return"].tolist(), info["episode_length"].tolist()
+            replay.write(spec.index, step, {
+                "policy_obs": obs["policy"], "critic_obs": obs["critic"], "actions": actions,
+                "rewards": reward, "terminated": terminated, "truncated": truncated,
+                "next_policy_obs": final["policy"], "next_critic_obs": final["critic"],
+            })
+        step += 1
+        obs = next_obs
+        meta = {
+            "collector": spec.index, "steps": step, "version": version,
+            "episode_returns": returns, "episode_lengths": lengths,
+            "reward_terms": info["reward_terms"], "diverged": info["diverged"], "spans": recorder.take(),
+        }
+        if not replay.commit(meta, stop):
+            return

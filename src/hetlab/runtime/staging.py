@@ -1,9 +1,13 @@
-"""Rollouts from the ring to the learner device, one batch ahead of the learner.
+"""Batches to the learner device, one ahead of the learner: host double buffers and their copies.
 
-A background thread takes `slots_per_batch` full slots, copies each into one of two host
-buffers (page-locked where the device supports it) along the env axis, releases each slot
-as soon as it is copied out, then copies the batch to the device and hands it over through
-a queue of depth 1. The copy of batch N+1 so overlaps the update on batch N.
+`HostToDevice` is the copy itself, shared by both stagers: two host buffers (page-locked
+where the device supports it) and their copies to the device. `DeviceStager` feeds it from
+the rollout ring (on-policy); `hetlab.runtime.replay.ReplayStager` from replay samples.
+
+DeviceStager: a background thread takes `slots_per_batch` full slots, copies each into one
+of the host buffers along the env axis, releases each slot as soon as it is copied out, then
+copies the batch to the device and hands it over through a queue of depth 1. The copy of
+batch N+1 so overlaps the update on batch N.
 
 Three device paths, chosen by what the device can do:
 - async_copy (CUDA, ROCm, XPU): the host → device copy runs on a side stream; the learner's
@@ -30,21 +34,64 @@ POLL_S = 0.1  # how often a waiting stager thread checks whether it should stop
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
 
 
+class HostToDevice:
+    """Two host buffers of named tensors, and the copy of either to the device (see the module docstring).
+
+    The filling thread calls `host(buffer)` (which first waits until that buffer's previous
+    device copy has read it), fills the numpy views, then `to_device(buffer)`. The learner
+    thread calls `receive(batch, copied)` with what `to_device` returned before using it.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], device: LearnerDevice):
+        self._device = device
+        self._torch_device = torch.device(device.torch_device)
+        self._host = [
+            {name: torch.empty(shape, dtype=dtype, pin_memory=device.pinned_memory) for name, (shape, dtype) in shapes.items()}
+            for _ in range(2)
+        ]
+        self._host_numpy = [{name: t.numpy() for name, t in host.items()} for host in self._host]
+        # torch.cuda or torch.xpu: both have Stream, stream(), current_stream() and events.
+        self._backend = getattr(torch, self._torch_device.type) if device.async_copy else None
+        self._side_stream = self._backend.Stream(self._torch_device) if device.async_copy else None
+        self._copied = [None, None]  # per host buffer: event of its last device copy
+
+    def host(self, buffer: int) -> dict[str, np.ndarray]:
+        """Numpy views of host buffer `buffer`, once its previous device copy has finished reading it."""
+        if self._copied[buffer] is not None:
+            self._copied[buffer].synchronize()
+        return self._host_numpy[buffer]
+
+    def to_device(self, buffer: int) -> tuple[dict[str, torch.Tensor], object]:
+        """Start the copy of host buffer `buffer`; returns the batch and the copy's event (or None)."""
+        host = self._host[buffer]
+        if not self._device.is_accelerator:
+            return dict(host), None
+        if not self._device.async_copy:
+            return {name: t.to(self._torch_device) for name, t in host.items()}, None
+        with self._backend.stream(self._side_stream):
+            batch = {name: t.to(self._torch_device, non_blocking=True) for name, t in host.items()}
+        self._copied[buffer] = self._side_stream.record_event()
+        return batch, self._copied[buffer]
+
+    def receive(self, batch: dict[str, torch.Tensor], copied) -> None:
+        """In the learner's thread: make its stream wait for the copy, and keep the caching
+        allocator from reusing the batch's memory (allocated on the side stream) while it is in use."""
+        if copied is None:
+            return
+        consumer = self._backend.current_stream(self._torch_device)
+        consumer.wait_event(copied)
+        for tensor in batch.values():
+            tensor.record_stream(consumer)
+
+
 class DeviceStager:
     """`start()`, then per learner iteration `next()`, then `stop()`; see the module docstring."""
 
     def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice):
         if slots_per_batch < 1:
             raise ValueError(f"a batch needs at least one slot, got {slots_per_batch}")
-        self._ring, self._slots, self._device = ring, slots_per_batch, device
-        self._torch_device = torch.device(device.torch_device)
-        envs = ring.layout.num_envs
-        self._host = [self._host_batch(slots_per_batch * envs) for _ in range(2)]
-        self._host_numpy = [{name: t.numpy() for name, t in host.items()} for host in self._host]
-        # torch.cuda or torch.xpu: both have Stream, stream(), current_stream() and events.
-        self._backend = getattr(torch, self._torch_device.type) if device.async_copy else None
-        self._side_stream = self._backend.Stream(self._torch_device) if device.async_copy else None
-        self._copied = [None, None]  # per host buffer: event of its last device copy
+        self._ring, self._slots = ring, slots_per_batch
+        self._copier = HostToDevice(self._batch_shapes(slots_per_batch * ring.layout.num_envs), device)
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._may_stage = threading.Semaphore(1)  # released each time the learner takes a batch
         self._stopping = threading.Event()
@@ -69,13 +116,7 @@ class DeviceStager:
             raise self._error
         batch, metas, copied = item
         self._may_stage.release()
-        if copied is not None:
-            # Make the learner's stream wait for the copy, and keep the caching allocator from
-            # reusing the batch's memory (allocated on the side stream) while that stream uses it.
-            consumer = self._backend.current_stream(self._torch_device)
-            consumer.wait_event(copied)
-            for tensor in batch.values():
-                tensor.record_stream(consumer)
+        self._copier.receive(batch, copied)
         return batch, metas
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -86,12 +127,12 @@ class DeviceStager:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _host_batch(self, num_envs: int) -> dict[str, torch.Tensor]:
-        batch = {}
+    def _batch_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        shapes = {}
         for name, f in self._ring.layout.fields.items():
             shape = (num_envs,) if name == "policy_version" else (f.shape[0], num_envs, *f.shape[2:])
-            batch[name] = torch.empty(shape, dtype=TORCH_DTYPES[f.dtype], pin_memory=self._device.pinned_memory)
-        return batch
+            shapes[name] = (shape, TORCH_DTYPES[f.dtype])
+        return shapes
 
     def _run(self) -> None:
         try:
@@ -113,9 +154,7 @@ class DeviceStager:
 
     def _stage(self, buffer: int) -> tuple[dict[str, torch.Tensor], list[dict], object] | None:
         """Fill host buffer `buffer` from the ring and start its device copy; None when stopping."""
-        if self._copied[buffer] is not None:
-            self._copied[buffer].synchronize()  # its previous device copy has finished reading it
-        host, envs = self._host_numpy[buffer], self._ring.layout.num_envs
+        host, envs = self._copier.host(buffer), self._ring.layout.num_envs
         metas = []
         for i in range(self._slots):
             taken = None
@@ -135,17 +174,6 @@ class DeviceStager:
             meta["transfer_spans"] = [("transfer", t0, time.perf_counter())]
             metas.append(meta)
         t0 = time.perf_counter()
-        batch, copied = self._to_device(buffer)
+        batch, copied = self._copier.to_device(buffer)
         metas[-1]["transfer_spans"].append(("transfer", t0, time.perf_counter()))
         return batch, metas, copied
-
-    def _to_device(self, buffer: int) -> tuple[dict[str, torch.Tensor], object]:
-        host = self._host[buffer]
-        if not self._device.is_accelerator:
-            return dict(host), None
-        if not self._device.async_copy:
-            return {name: t.to(self._torch_device) for name, t in host.items()}, None
-        with self._backend.stream(self._side_stream):
-            batch = {name: t.to(self._torch_device, non_blocking=True) for name, t in host.items()}
-        self._copied[buffer] = self._side_stream.record_event()
-        return batch, self._copied[buffer]
