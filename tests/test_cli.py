@@ -28,7 +28,7 @@ def test_info_reports_device_threads_versions_and_extras():
     assert report["cpu_count"] == len(os.sched_getaffinity(0))
     assert 1 <= report["physics_threads"] <= report["cpu_count"]
     assert report["versions"]["mujoco"].startswith("4.")
-    assert report["extras"]["assets"] is True and report["extras"]["gym"] is True
+    assert report["extras"]["assets"] is True and report["extras"]["video"] is True
     table = run("info").stdout
     assert "learner device" in table and "thread budget" in table
 

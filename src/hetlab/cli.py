@@ -22,6 +22,7 @@ from rich.table import Table
 from tyro.extras import SubcommandApp
 
 import hetlab
+from hetlab.aloha.record import RecordConfig  # tyro reads its fields to build `hetlab aloha record`
 from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
@@ -246,8 +247,22 @@ def aloha_expert(cfg: Annotated[AlohaExpertConfig, tyro.conf.arg(name="")] = Alo
         console.print(f"failed seeds: {' '.join(map(str, result['failed_seeds']))}", highlight=False, soft_wrap=True)
 
 
+@aloha.command(name="record")
+def aloha_record(cfg: Annotated[RecordConfig, tyro.conf.arg(name="")]) -> None:
+    """Record the scripted expert's episodes as a LeRobot v3.0 dataset (continues an existing one at --out)."""
+    from hetlab.aloha.record import record
+
+    result = record(cfg)
+    per_episode = f", {result['seconds_per_episode']:.1f} s each" if result["written"] else ""
+    console.print(f"{result['out']}: {result['episodes']} episodes ({result['written']} new in "
+                  f"{result['seconds']:.0f} s{per_episode})", highlight=False, soft_wrap=True)
+    if result["failed_seeds"]:
+        console.print(f"skipped seeds the expert failed on: {' '.join(map(str, result['failed_seeds']))}",
+                      highlight=False, soft_wrap=True)
+
+
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
-app.command(aloha, name="aloha", help="The ALOHA cube-transfer world: `hetlab aloha expert`.")
+app.command(aloha, name="aloha", help="The ALOHA cube-transfer world: `hetlab aloha expert`, `hetlab aloha record`.")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,11 +33,8 @@ from hetlab.assets import aloha_assets_dir
 from hetlab.errors import UserError
 from hetlab.headless_gl import make_renderer
 
-try:
-    import gymnasium
-    from gymnasium import spaces
-except ImportError as e:  # an optional dependency
-    raise UserError("the ALOHA env needs gymnasium>=1.1: pip install 'hetlab[gym]'") from e
+import gymnasium
+from gymnasium import spaces
 
 SCENE_FILE = "bimanual_viperx_transfer_cube.xml"
 CONTROL_DT = 0.02

@@ -25,15 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from hetlab.errors import UserError
 from hetlab.tasks import make_task
 
-try:
-    from gymnasium import spaces
-    from gymnasium.vector import AutoresetMode, VectorEnv
-    from gymnasium.vector.utils import batch_space
-except ImportError as e:  # an optional dependency
-    raise UserError("the gymnasium adapter needs gymnasium>=1.1: pip install 'hetlab[gym]'") from e
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
 
 
 class HetlabVectorEnv(VectorEnv):
