@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
+SMALL_SAC = ["--algo", "sac", "--sac.actor-hidden", "32", "32", "--sac.critic-hidden", "32", "32", "--sac.batch-size", "64",
+             "--sac.learning-starts", "5", "--off-policy.replay-capacity", "16000"]
 
 
 def train(tmp_path: Path, *args: str, timeout: float = 300, env: dict | None = None) -> tuple[Path, subprocess.CompletedProcess]:
@@ -98,10 +100,11 @@ def _child_pids(pid: int) -> list[int]:
     return children
 
 
-def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path):
+@pytest.mark.parametrize("algo_args", [SMALL_NETS, SMALL_SAC], ids=["ppo", "sac"])
+def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path, algo_args):
     learner = subprocess.Popen(
         [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", "--envs", "16",
-         "--horizon", "8", "--max-iterations", "100000", *SMALL_NETS],
+         "--horizon", "8", "--max-iterations", "100000", *algo_args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -152,6 +155,10 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--collectors", "0"], "--collectors must be at least 1"),
         (["--resume", "/nonexistent/run"], "has no checkpoint.json"),
         (["--envs", "100000000", "--horizon", "1000"], "needs"),  # terabytes of rollout ring
+        (["--algo", "sac", "--mode", "sync"], "drop --mode sync"),
+        (["--algo", "sac", "--off-policy.replay-capacity", "100"], "--off-policy.replay-capacity"),
+        (["--algo", "sac", "--sac.updates-per-step", "0.25", "--off-policy.lead", "2"], "use at least 5"),
+        (["--algo", "sac", "--off-policy.replay-capacity", "100000000000"], "needs"),  # ~100 TB of replay
     ],
 )
 def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):
@@ -196,3 +203,40 @@ def test_resume_from_a_corrupt_pointer_says_how_to_fix_it(tmp_path):
     result = subprocess.run([HETLAB, "train", "--resume", str(run_dir)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "is corrupt" in result.stderr and "latest" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("inference", ["collector", "learner"])
+def test_off_policy_inference_runs_in_the_collectors_or_on_the_learner(tmp_path, inference):
+    run_dir, _ = train(tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "6",
+                       *SMALL_SAC, "--sac.updates-per-step", "2", "--off-policy.inference", inference)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == 6 and summary["updates"] == 6 * 8 * 2
+    roles = summary["time_breakdown_s"]
+    assert ("inference server" in roles) == (inference == "learner")
+    assert roles["stager"]["sample_transfer"] > 0 and roles["collector 0"]["env_step"] > 0
+    history = json.loads((run_dir / "history.json").read_text())
+    assert history[-1]["policy_lag"] >= 0  # the collectors acted with published weights
+    assert history[-1]["env_steps"] >= 16 * (5 + 6 * 8 // 2)  # warm-up plus what the updates paid for
+    if inference == "collector":  # an off-policy actor exports like an on-policy one
+        exported = subprocess.run([HETLAB, "export", str(run_dir)], capture_output=True, text=True, timeout=120)
+        assert exported.returncode == 0 and Path(exported.stdout.strip()).is_file(), exported.stderr[-2000:]
+
+
+def test_off_policy_resume_refills_the_replay_buffer(tmp_path):
+    args = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_SAC, "--sac.learning-starts", "40",
+            "--checkpoint-every", "2"]
+    saved, _ = train(tmp_path, *args, "--max-iterations", "4", "--off-policy.save-replay")
+    snapshot = saved / "checkpoints" / "0000004" / "replay" / "c0"
+    assert (snapshot / "rewards.npy").is_file() and (snapshot / "next_critic_obs.npy").is_file()
+    saved_steps = json.loads((saved / "history.json").read_text())[-1]["env_steps"]
+    resumed, _ = train(tmp_path, "--resume", str(saved), "--max-iterations", "6")
+    history = json.loads((resumed / "history.json").read_text())
+    # The buffer came back: collection goes on from where it was, with no new random warm-up.
+    assert history[0]["iteration"] == 4 and history[0]["env_steps"] >= saved_steps
+    assert json.loads((resumed / "summary.json").read_text())["updates"] == 6 * 8
+
+    unsaved, _ = train(tmp_path, *args, "--max-iterations", "4")
+    assert not (unsaved / "checkpoints" / "0000004" / "replay").exists()
+    restarted, _ = train(tmp_path, "--resume", str(unsaved), "--max-iterations", "5")
+    first = json.loads((restarted / "history.json").read_text())[0]
+    assert first["iteration"] == 4 and first["env_steps"] < saved_steps  # an empty buffer, filled afresh
