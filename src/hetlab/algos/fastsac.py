@@ -45,6 +45,8 @@ from hetlab.algos.off_policy_networks import (
     maybe_compile,
     mixed_precision,
     plain_metrics,
+    restore,
+    snapshot,
     soft_update,
     standard_normal,
 )
@@ -167,28 +169,14 @@ class FastSAC:
         soft_update(self.target_critic, self.critic, cfg.tau)
         return plain_metrics(metrics)
 
+    # Everything an exact resume needs.
+    STATE = (
+        "actor", "critic", "target_critic", "log_alpha", "actor_optimizer", "critic_optimizer",
+        "alpha_optimizer", "updates", "generator",
+    )
+
     def state_dict(self) -> dict:
-        """A snapshot (not live tensors) of everything an exact resume needs."""
-        return copy.deepcopy({
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target_critic": self.target_critic.state_dict(),
-            "log_alpha": self.log_alpha.detach(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "alpha_optimizer": self.alpha_optimizer.state_dict(),
-            "updates": self.updates,
-            "generator": self.generator.get_state(),
-        })
+        return snapshot(self, self.STATE)
 
     def load_state_dict(self, state: dict) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.target_critic.load_state_dict(state["target_critic"])
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        self.updates = int(state["updates"])
-        self.generator.set_state(state["generator"].cpu())
+        restore(self, state, self.STATE)

@@ -56,6 +56,8 @@ from hetlab.algos.off_policy_networks import (
     mixed_precision,
     obs_normalizer,
     plain_metrics,
+    restore,
+    snapshot,
     soft_update,
     squash_log_std,
     standard_normal,
@@ -380,30 +382,14 @@ class FlashSAC:
     def _expected_values(self, logits: torch.Tensor) -> torch.Tensor:
         return (F.softmax(logits.float(), dim=-1) * self.support).sum(-1)
 
+    # Everything an exact resume needs.
+    STATE = (
+        "actor", "critic", "target_critic", "log_temperature", "return_bound", "actor_optimizer",
+        "critic_optimizer", "temperature_optimizer", "updates", "generator",
+    )
+
     def state_dict(self) -> dict:
-        """A snapshot (not live tensors) of everything an exact resume needs."""
-        return copy.deepcopy({
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target_critic": self.target_critic.state_dict(),
-            "log_temperature": self.log_temperature.detach(),
-            "return_bound": self.return_bound,
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "temperature_optimizer": self.temperature_optimizer.state_dict(),
-            "updates": self.updates,
-            "generator": self.generator.get_state(),
-        })
+        return snapshot(self, self.STATE)
 
     def load_state_dict(self, state: dict) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.target_critic.load_state_dict(state["target_critic"])
-        with torch.no_grad():
-            self.log_temperature.copy_(state["log_temperature"])
-        self.return_bound = state["return_bound"].to(self.device).clone()
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.temperature_optimizer.load_state_dict(state["temperature_optimizer"])
-        self.updates = int(state["updates"])
-        self.generator.set_state(state["generator"].cpu())
+        restore(self, state, self.STATE)

@@ -13,6 +13,7 @@ the learner device: its state is a small tensor in the checkpoint, so a resume i
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 
@@ -247,6 +248,40 @@ def plain_metrics(metrics: dict[str, torch.Tensor | float]) -> dict[str, float]:
     tensors = {key: value for key, value in metrics.items() if isinstance(value, torch.Tensor)}
     synced = dict(zip(tensors, torch.stack([v.detach().float() for v in tensors.values()]).tolist())) if tensors else {}
     return {key: float(synced.get(key, value)) for key, value in metrics.items()}
+
+
+def snapshot(algo, names: Sequence[str]) -> dict:
+    """A copy (not live tensors) of the named attributes of `algo`: modules and optimizers by
+    their state_dict, tensors detached, generators by their state, numbers as they are."""
+    state = {}
+    for name in names:
+        value = getattr(algo, name)
+        if isinstance(value, torch.Generator):
+            state[name] = value.get_state()
+        elif isinstance(value, torch.Tensor):
+            state[name] = value.detach()
+        elif hasattr(value, "state_dict"):
+            state[name] = value.state_dict()
+        else:
+            state[name] = value
+    return copy.deepcopy(state)
+
+
+def restore(algo, state: dict, names: Sequence[str]) -> None:
+    """Load a `snapshot` back: learnable tensors in place (optimizers hold them), other tensors replaced."""
+    for name in names:
+        value = getattr(algo, name)
+        if isinstance(value, torch.Generator):
+            value.set_state(state[name].cpu())
+        elif isinstance(value, torch.Tensor) and value.requires_grad:
+            with torch.no_grad():
+                value.copy_(state[name])
+        elif isinstance(value, torch.Tensor):
+            setattr(algo, name, state[name].to(value.device).clone())
+        elif hasattr(value, "load_state_dict"):
+            value.load_state_dict(state[name])
+        else:
+            setattr(algo, name, type(value)(state[name]))
 
 
 def check_common_config(cfg, algo: str) -> None:

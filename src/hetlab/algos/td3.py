@@ -34,6 +34,8 @@ from hetlab.algos.off_policy_networks import (
     maybe_compile,
     mixed_precision,
     plain_metrics,
+    restore,
+    snapshot,
     soft_update,
     standard_normal,
 )
@@ -126,25 +128,14 @@ class TD3:
             metrics["actor_loss"] = actor_loss
         return plain_metrics(metrics)
 
+    # Everything an exact resume needs.
+    STATE = (
+        "actor", "critic", "target_actor", "target_critic", "actor_optimizer", "critic_optimizer", "updates",
+        "generator",
+    )
+
     def state_dict(self) -> dict:
-        """A snapshot (not live tensors) of everything an exact resume needs."""
-        return copy.deepcopy({
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict(),
-            "target_actor": self.target_actor.state_dict(),
-            "target_critic": self.target_critic.state_dict(),
-            "actor_optimizer": self.actor_optimizer.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict(),
-            "updates": self.updates,
-            "generator": self.generator.get_state(),
-        })
+        return snapshot(self, self.STATE)
 
     def load_state_dict(self, state: dict) -> None:
-        self.actor.load_state_dict(state["actor"])
-        self.critic.load_state_dict(state["critic"])
-        self.target_actor.load_state_dict(state["target_actor"])
-        self.target_critic.load_state_dict(state["target_critic"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.updates = int(state["updates"])
-        self.generator.set_state(state["generator"].cpu())
+        restore(self, state, self.STATE)
