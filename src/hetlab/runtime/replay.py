@@ -50,7 +50,7 @@ from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
 from hetlab.runtime.rollout_ring import ALIGN, Field
 from hetlab.runtime.shm import Segment, array_view, attach_segment, check_fits, close_segment, create_segment
-from hetlab.runtime.staging import HostToDevice
+from hetlab.runtime.staging import BackgroundStager, HostToDevice
 
 POLL_S = 0.1  # how often waiting threads and processes check whether they should stop
 HEADER_BYTES = ALIGN  # int64 learner update count, read by collectors to keep the update-to-data ratio
@@ -298,15 +298,18 @@ def sample(replay: ReplayBuffer, steps: np.ndarray, rng: np.random.Generator, ga
         np.take(array.reshape(rows * layout.envs, *array.shape[2:]), flat_last, axis=0, out=out[name])
 
 
-class ReplayStager:
-    """`start()`, then per update `next()`, then `stop()`; see the module docstring.
+class ReplayStager(BackgroundStager):
+    """Replay minibatches to the device (see the module docstring). `next()` returns the batch,
+    the commit messages that arrived since the previous one, and the stager's span for it,
+    ("sample_transfer", t0, t1).
 
     `updates_per_step` updates are allowed per vectorised env step (every env stepping once,
     counted as the mean over collectors) once `learning_starts` steps are in, counting the
-    updates from `update_offset` (those done before the buffer's data began). `next()` hands
-    over the batch and the commit messages that arrived since the previous one. `hold()`
-    stops it reading commits (and so the collectors from writing more than the guard rows).
+    updates from `update_offset` (those done before the buffer's data began). `hold()` stops it
+    reading commits (and so the collectors from writing more than the guard rows).
     """
+
+    thread_name = "hetlab-replay-stager"
 
     def __init__(self, replay: ReplayBuffer, device: LearnerDevice, *, batch_size: int, gamma: float, n_step: int,
                  updates_per_step: float, learning_starts: int, seed: int, steps: np.ndarray | None = None,
@@ -317,21 +320,16 @@ class ReplayStager:
         layout = replay.layout
         p, c, a = layout.obs_sizes["policy"], layout.obs_sizes["critic"], layout.action_size
         b, f32 = batch_size, torch.float32
-        self._copier = HostToDevice({
+        super().__init__(HostToDevice({
             "policy_obs": ((b, p), f32), "critic_obs": ((b, c), f32), "actions": ((b, a), f32),
             "rewards": ((b,), f32), "bootstrap": ((b,), f32),
             "next_policy_obs": ((b, p), f32), "next_critic_obs": ((b, c), f32),
-        }, device)
+        }, device))
         self.steps = np.zeros(layout.collectors, np.int64) if steps is None else steps.astype(np.int64).copy()
         self._staged = updates  # batches handed out so far, resumed runs included
-        self._update_offset = update_offset  # updates done before the buffer's data began
+        self._update_offset = update_offset
         self._rng = np.random.default_rng(seed)
         self._metas: list[dict] = []
-        self._ready: queue.Queue = queue.Queue(maxsize=1)
-        self._may_stage = threading.Semaphore(1)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self._lock = threading.RLock()  # guards `steps` for readers in the learner's thread; re-entered under hold()
         self._holding = threading.Event()
 
@@ -344,32 +342,6 @@ class ReplayStager:
     def snapshot_steps(self) -> np.ndarray:
         with self._lock:
             return self.steps.copy()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="hetlab-replay-stager", daemon=True)
-        self._thread.start()
-
-    def next(self, timeout: float | None = None) -> tuple[dict[str, torch.Tensor], list[dict], tuple] | None:
-        """The next minibatch on the device, the commit messages since the last one, and the
-        stager's span for it, ("sample_transfer", t0, t1); None after `timeout` seconds. A CPU
-        batch is valid until the next call."""
-        if self._error is not None:
-            raise self._error
-        try:
-            item = self._ready.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is None:
-            raise self._error
-        batch, metas, span, copied = item
-        self._may_stage.release()
-        self._copier.receive(batch, copied)
-        return batch, metas, span
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     @contextmanager
     def hold(self):
@@ -391,35 +363,22 @@ class ReplayStager:
             self._metas.append(meta)
             meta = self._replay.receive(0)
 
-    def _run(self) -> None:
-        try:
-            buffer = 0
-            while not self._stopping.is_set():
-                if not self._may_stage.acquire(timeout=POLL_S):
-                    continue
-                timeout = 0.0  # first take what has arrived, then wait for more as long as needed
-                while True:
-                    if self._stopping.is_set():
-                        return
-                    if self._holding.is_set():
-                        time.sleep(0.001)
-                        continue
-                    with self._lock:
-                        self._receive(timeout)
-                        if self._allowed():
-                            t0 = time.perf_counter()
-                            sample(self._replay, self.steps, self._rng, self._gamma, self._n_step,
-                                   self._copier.host(buffer))
-                            break
-                    timeout = POLL_S
-                batch, copied = self._copier.to_device(buffer)
-                metas, self._metas = self._metas, []
-                self._staged += 1
-                self._ready.put((batch, metas, ("sample_transfer", t0, time.perf_counter()), copied))
-                buffer = 1 - buffer
-        except BaseException as error:
-            self._error = error
-            try:
-                self._ready.put_nowait(None)
-            except queue.Full:
-                pass
+    def _stage(self, buffer: int) -> tuple | None:
+        timeout = 0.0  # first take what has arrived, then wait for more as long as needed
+        while True:
+            if self._stopping.is_set():
+                return None
+            if self._holding.is_set():
+                time.sleep(0.001)
+                continue
+            with self._lock:
+                self._receive(timeout)
+                if self._allowed():
+                    t0 = time.perf_counter()
+                    sample(self._replay, self.steps, self._rng, self._gamma, self._n_step, self._copier.host(buffer))
+                    break
+            timeout = POLL_S
+        batch, copied = self._copier.to_device(buffer)
+        metas, self._metas = self._metas, []
+        self._staged += 1
+        return batch, metas, ("sample_transfer", t0, time.perf_counter()), copied

@@ -1,8 +1,9 @@
 """Batches to the learner device, one ahead of the learner: host double buffers and their copies.
 
-`HostToDevice` is the copy itself, shared by both stagers: two host buffers (page-locked
-where the device supports it) and their copies to the device. `DeviceStager` feeds it from
-the rollout ring (on-policy); `hetlab.runtime.replay.ReplayStager` from replay samples.
+`HostToDevice` is the copy itself: two host buffers (page-locked where the device supports
+it) and their copies to the device. `BackgroundStager` is the thread that keeps one batch
+ahead of the learner with it; `DeviceStager` fills it from the rollout ring (on-policy),
+`hetlab.runtime.replay.ReplayStager` from replay samples (off-policy).
 
 DeviceStager: a background thread takes `slots_per_batch` full slots, copies each into one
 of the host buffers along the env axis, releases each slot as soon as it is copied out, then
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 import time
 
 import numpy as np
@@ -84,14 +86,16 @@ class HostToDevice:
             tensor.record_stream(consumer)
 
 
-class DeviceStager:
-    """`start()`, then per learner iteration `next()`, then `stop()`; see the module docstring."""
+class BackgroundStager(ABC):
+    """A thread that stages batch N+1 into one of the two host buffers of `copier` and starts its
+    device copy while the learner uses batch N: `start()`, then per learner step `next()`, then
+    `stop()`. A subclass says how a batch is made, in `_stage(buffer)`, which returns a tuple
+    whose last element is the copy's event (`HostToDevice.to_device`), or None when stopping."""
 
-    def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice):
-        if slots_per_batch < 1:
-            raise ValueError(f"a batch needs at least one slot, got {slots_per_batch}")
-        self._ring, self._slots = ring, slots_per_batch
-        self._copier = HostToDevice(self._batch_shapes(slots_per_batch * ring.layout.num_envs), device)
+    thread_name = "hetlab-stager"
+
+    def __init__(self, copier: HostToDevice):
+        self._copier = copier
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._may_stage = threading.Semaphore(1)  # released each time the learner takes a batch
         self._stopping = threading.Event()
@@ -99,13 +103,12 @@ class DeviceStager:
         self._error: BaseException | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="hetlab-stager", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
 
-    def next(self, timeout: float | None = None) -> tuple[dict[str, torch.Tensor], list[dict]] | None:
-        """The next batch on the device and the slots' messages (in batch order), or None after
-        `timeout` seconds. Each message gets `transfer_spans`: [("transfer", t0, t1), ...], the
-        stager's busy time on that slot. A CPU batch is valid until the next call."""
+    def next(self, timeout: float | None = None) -> tuple | None:
+        """The next staged tuple, its batch (first) on the device, without the event; None after
+        `timeout` seconds. A CPU batch is valid until the next call."""
         if self._error is not None:
             raise self._error
         try:
@@ -114,25 +117,20 @@ class DeviceStager:
             return None
         if item is None:  # the thread failed
             raise self._error
-        batch, metas, copied = item
         self._may_stage.release()
-        self._copier.receive(batch, copied)
-        return batch, metas
+        self._copier.receive(item[0], item[-1])
+        return item[:-1]
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop and join the thread (it finishes the slot it is copying). Idempotent. The thread
-        is a daemon: if a killed collector left a half-written message it can block on, it is
-        left behind rather than hanging the learner."""
+        """Stop and join the thread (it finishes what it is copying). Idempotent. The thread is
+        a daemon: if a killed collector left a half-written message it can block on, it is left
+        behind rather than hanging the learner."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _batch_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        shapes = {}
-        for name, f in self._ring.layout.fields.items():
-            shape = (num_envs,) if name == "policy_version" else (f.shape[0], num_envs, *f.shape[2:])
-            shapes[name] = (shape, TORCH_DTYPES[f.dtype])
-        return shapes
+    @abstractmethod
+    def _stage(self, buffer: int) -> tuple | None: ...
 
     def _run(self) -> None:
         try:
@@ -151,6 +149,25 @@ class DeviceStager:
                 self._ready.put_nowait(None)  # wakes a waiting next()
             except queue.Full:  # next() raises on the call after the batch that fills it
                 pass
+
+
+class DeviceStager(BackgroundStager):
+    """Rollout-ring slots to the device (see the module docstring). `next()` returns the batch
+    and the slots' messages in batch order; each message gets `transfer_spans`:
+    [("transfer", t0, t1), ...], the stager's busy time on that slot."""
+
+    def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice):
+        if slots_per_batch < 1:
+            raise ValueError(f"a batch needs at least one slot, got {slots_per_batch}")
+        self._ring, self._slots = ring, slots_per_batch
+        super().__init__(HostToDevice(self._batch_shapes(slots_per_batch * ring.layout.num_envs), device))
+
+    def _batch_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        shapes = {}
+        for name, f in self._ring.layout.fields.items():
+            shape = (num_envs,) if name == "policy_version" else (f.shape[0], num_envs, *f.shape[2:])
+            shapes[name] = (shape, TORCH_DTYPES[f.dtype])
+        return shapes
 
     def _stage(self, buffer: int) -> tuple[dict[str, torch.Tensor], list[dict], object] | None:
         """Fill host buffer `buffer` from the ring and start its device copy; None when stopping."""
