@@ -25,7 +25,7 @@ thresholds are on that lagging mean, measured over seeds 0, 1, 2 (see each case'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -45,7 +45,6 @@ class Case:
     config: object  # the algorithm's config, as TrainConfig takes it
     iterations: int
     threshold: float  # the mean return of the last 100 episodes must reach this by the last iteration
-    overrides: dict = field(default_factory=dict)  # further TrainConfig fields
 
 
 CASES = {
@@ -102,7 +101,7 @@ def test_off_policy_algorithm_learns_to_balance_cartpole_through_the_runtime(tmp
         algo=algo, task="cartpole-balance", envs=ENVS, collectors=1, horizon=HORIZON,
         max_iterations=case.iterations, seed=0, checkpoint_every=10_000, runs_dir=str(tmp_path / "runs"),
         off_policy=OffPolicyConfig(replay_capacity=100_000, inference="collector"),
-        **{algo: case.config}, **case.overrides,
+        **{algo: case.config},
     )
     run_dir = train(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())
