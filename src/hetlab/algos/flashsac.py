@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetlab.algos.off_policy_networks import (
+    TanhGaussianPolicy,
     build_on_cpu,
     categorical_projection,
     check_common_config,
@@ -214,7 +215,7 @@ def project_to_unit_norm(module: nn.Module) -> None:
             layer.project()
 
 
-class FlashSACActor(nn.Module):
+class FlashSACActor(TanhGaussianPolicy):
     """obs → [normaliser] → encoder → (mean, log std) heads; a tanh-Gaussian policy.
 
     `forward` and `explore` use the BatchNorm running statistics whatever the module's train/eval
@@ -241,24 +242,10 @@ class FlashSACActor(nn.Module):
         raw_log_std = (self.log_std_head(features)[0] + self.log_std_bias).reshape(out_shape)
         return mean, squash_log_std(raw_log_std, self.log_std_min, self.log_std_max)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """The deterministic action tanh(mean)."""
-        return torch.tanh(self.mean_and_log_std(obs)[0])
-
     def sample(self, obs: torch.Tensor, noise: torch.Tensor,
                batch_stats: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.mean_and_log_std(obs, batch_stats)
         return tanh_gaussian_sample(mean, log_std, noise)
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """A sample of the policy; `generator` must live on `obs`'s device."""
-        mean, log_std = self.mean_and_log_std(obs)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return tanh_gaussian_sample(mean, log_std, noise)[0]
-
-    def update_normalizer(self, obs: torch.Tensor) -> None:
-        fold_into_normalizer(self.obs_normalizer, obs)
 
 
 class FlashSACCritic(nn.Module):

@@ -76,7 +76,26 @@ def standard_normal(shape: Sequence[int], generator: torch.Generator, device: to
     return torch.randn(tuple(shape), generator=generator).to(device)
 
 
-class TanhGaussianActor(nn.Module):
+class TanhGaussianPolicy(nn.Module):
+    """What every tanh-Gaussian actor shares, given its `mean_and_log_std(obs)` and `obs_normalizer`:
+    the deterministic action tanh(mean), exploration samples, and the normaliser update."""
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The deterministic action tanh(mean)."""
+        return torch.tanh(self.mean_and_log_std(obs)[0])
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A sample of the policy; `generator` must live on `obs`'s device."""
+        mean, log_std = self.mean_and_log_std(obs)
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return tanh_gaussian_sample(mean, log_std, noise)[0]
+
+    def update_normalizer(self, obs: torch.Tensor) -> None:
+        fold_into_normalizer(self.obs_normalizer, obs)
+
+
+class TanhGaussianActor(TanhGaussianPolicy):
     """obs → normaliser → MLP → (mean, log std); actions tanh(mean + std·ε) (SAC, FastSAC).
 
     The log std comes from its own head, squashed into [log_std_min, log_std_max]. With
@@ -102,24 +121,10 @@ class TanhGaussianActor(nn.Module):
         features = self.trunk(self.obs_normalizer(obs))
         return self.mean_head(features), squash_log_std(self.log_std_head(features), self.log_std_min, self.log_std_max)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """The deterministic action tanh(mean)."""
-        return torch.tanh(self.mean_and_log_std(obs)[0])
-
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised actions for standard-normal `noise`, and their log-probabilities."""
         mean, log_std = self.mean_and_log_std(obs)
         return tanh_gaussian_sample(mean, log_std, noise)
-
-    @torch.no_grad()
-    def explore(self, obs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """A sample of the policy; `generator` must live on `obs`'s device."""
-        mean, log_std = self.mean_and_log_std(obs)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return tanh_gaussian_sample(mean, log_std, noise)[0]
-
-    def update_normalizer(self, obs: torch.Tensor) -> None:
-        fold_into_normalizer(self.obs_normalizer, obs)
 
 
 class DeterministicActor(nn.Module):
