@@ -74,7 +74,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episode_returns: deque[float] = deque(maxlen=100)
     episode_lengths: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
-    first_steps = 0.0
+    first_steps, first_updates = 0.0, updates  # where this session started
     stopped_by = "max_iterations"
     interrupted = threading.Event()
     previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
@@ -172,7 +172,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 "env_steps": int(vector_steps * layout.envs),
                 "wall_seconds": wall,
                 "env_steps_per_s": (vector_steps - first_steps) * layout.envs / wall,
-                "updates_per_s": updates_per_iteration * (iteration + 1 - (resume_state or {}).get("iteration", 0)) / wall,
+                "updates_per_s": (updates - first_updates) / wall,  # this session
                 "mean_reward": mean(episode_returns),
                 "episode_length": mean(episode_lengths),
                 "policy_lag": mean(lags),
