@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import mujoco
 import numpy as np
@@ -22,10 +22,14 @@ from rich.table import Table
 from tyro.extras import SubcommandApp
 
 import hetlab
-from hetlab.aloha.record import RecordConfig  # tyro reads its fields to build `hetlab aloha record`
+# tyro reads these configs' fields to build the `hetlab aloha` commands.
+from hetlab.aloha.evaluate import EvalConfig
+from hetlab.aloha.phase_a import PhaseAConfig
+from hetlab.aloha.record import RecordConfig
 from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
+from hetlab.seeds import parse_seeds
 from hetlab.tasks import TASKS, make_config
 from hetlab.train import TrainConfig
 from hetlab.train import train as run_training
@@ -211,18 +215,6 @@ def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
     console.print(table)
 
 
-def seed_range(text: str) -> range:
-    """Seeds from "A-B" (A to B inclusive) or a single "N"."""
-    match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
-    if match is None:
-        raise UserError(f"--seeds takes a range A-B of non-negative integers (e.g. 0-99) or one seed, got {text!r}")
-    first = int(match[1])
-    last = int(match[2]) if match[2] is not None else first
-    if last < first:
-        raise UserError(f"--seeds {text}: the range ends before it starts; write A-B with A <= B")
-    return range(first, last + 1)
-
-
 @dataclass(frozen=True)
 class AlohaExpertConfig:
     seeds: str = "0-99"  # episode seeds: A-B (inclusive) or one seed
@@ -235,7 +227,7 @@ def aloha_expert(cfg: Annotated[AlohaExpertConfig, tyro.conf.arg(name="")] = Alo
     """Run the scripted IK expert on the ALOHA cube transfer and report how often the left arm ends up holding the cube."""
     from hetlab.aloha.expert import run_expert
 
-    seeds = seed_range(cfg.seeds)
+    seeds = parse_seeds(cfg.seeds)
     with Progress(console=err_console, transient=True) as progress:
         result = run_expert(seeds, cfg.workers, progress)
     if cfg.json:
@@ -261,8 +253,61 @@ def aloha_record(cfg: Annotated[RecordConfig, tyro.conf.arg(name="")]) -> None:
                       highlight=False, soft_wrap=True)
 
 
+@dataclass(frozen=True)
+class AlohaParamsConfig:
+    preset: Literal["paper", "cpu", "tiny"] = "paper"  # whose model (paper and cpu share the full size)
+    json: bool = False
+
+
+@aloha.command(name="params")
+def aloha_params(cfg: Annotated[AlohaParamsConfig, tyro.conf.arg(name="")] = AlohaParamsConfig()) -> None:
+    """Parameter counts of the AR-Actor split as the study's Table I: backbone, projection, encoder, action expert."""
+    from hetlab.aloha.phase_a import PRESETS
+    from hetlab.policies.ar_actor import ARActor, parameter_split
+
+    split = parameter_split(ARActor(PRESETS[cfg.preset].model))
+    if cfg.json:
+        _print_json(split)
+        return
+    table = Table("part", "parameters", "share", title=f"AR-Actor ({cfg.preset} preset)")
+    labels = {"backbone": "ResNet18 backbone", "projection": "image + state projection",
+              "encoder": "Transformer encoder layers", "action_expert": "action expert", "total": "total"}
+    for key, label in labels.items():
+        table.add_row(label, f"{split[key] / 1e6:.2f} M", f"{100 * split[key] / split['total']:.1f} %")
+    console.print(table)
+
+
+@aloha.command(name="train")
+def aloha_train(cfg: Annotated[PhaseAConfig, tyro.conf.arg(name="")], phase: Literal["A"] = "A") -> None:
+    """Train the AR-Actor on a cube-transfer dataset (phase A: the whole policy)."""
+    from hetlab.aloha.phase_a import read_history, train_phase_a
+
+    run_dir = train_phase_a(cfg)
+    history = read_history(run_dir)
+    if history:
+        console.print(f"{run_dir}: step {history[-1]['step']}, loss {history[0]['loss']:.4f} → "
+                      f"{history[-1]['loss']:.4f}", highlight=False, soft_wrap=True)
+
+
+@aloha.command(name="eval")
+def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
+    """Closed-loop success rate of a trained policy over environment seeds (Wilson 95 % interval)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from hetlab.aloha.evaluate import evaluate
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TimeRemainingColumn(), console=err_console)
+    with progress:
+        report = evaluate(cfg, progress)
+    low, high = report["wilson95"]
+    console.print(f"success {report['successes']}/{report['episodes']} = {100 * report['success_rate']:.1f} % "
+                  f"(Wilson 95 %: {100 * low:.1f}–{100 * high:.1f} %) in {report['wall_s']:.0f} s with "
+                  f"{report['workers']} workers → {report['out']}/results.json", highlight=False, soft_wrap=True)
+
+
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
-app.command(aloha, name="aloha", help="The ALOHA cube-transfer world: `hetlab aloha expert`, `hetlab aloha record`.")
+app.command(aloha, name="aloha", help="The ALOHA cube-transfer world and its AR-Actor policy: expert, record, params, train, eval.")
 
 
 def main(argv: list[str] | None = None) -> None:

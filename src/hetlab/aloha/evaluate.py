@@ -1,0 +1,164 @@
+"""`hetlab aloha eval`: closed-loop success of a trained AR-Actor over environment seeds.
+
+One spawned worker process per core, each with its own MuJoCo renderer and a one-thread copy
+of the policy, takes seeds from a queue; an episode ends at the first success (gym-aloha's
+top reward: the left gripper holds the cube in the air) or after 400 steps. Every episode
+depends only on its seed, so the results are the same for any number of workers. The policy
+generates a chunk of actions from the current image and state and executes the first
+`replan_every` of them before looking again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import queue
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+from hetlab.seeds import parse_seeds
+
+VIDEO_FPS = 50
+POLL_S = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    run: Path  # a trained AR-Actor run directory
+    seeds: str = "2000-2299"  # environment seeds: A-B, N, or a,b,c
+    workers: int = 0  # episode processes; 0 = one per core
+    videos: int = 3  # mp4s of the first K seeds
+    replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
+    out: Path | None = None  # results directory; default RUN/eval/<seeds>
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95 % for z = 1.96)."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class ChunkPolicy:
+    """Acts from a chunk generated every `replan_every` steps."""
+
+    def __init__(self, model, replan_every: int):
+        self.model, self.replan_every = model, replan_every or model.cfg.chunk
+        self.pending: list[np.ndarray] = []
+
+    def reset(self) -> None:
+        self.pending = []
+
+    def __call__(self, image: np.ndarray, state: np.ndarray) -> np.ndarray:
+        if not self.pending:
+            images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
+            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.replan_every)
+            self.pending = list(chunk[0].numpy())
+        return self.pending.pop(0)
+
+
+def run_episode(env, policy, seed: int, video_frames: list | None = None) -> dict:
+    observation, _ = env.reset(seed=seed)
+    policy.reset()
+    total, best, steps, success = 0.0, 0.0, 0, False
+    while True:
+        image = observation["pixels"]["top"]
+        if video_frames is not None:
+            video_frames.append(image)
+        observation, reward, success, truncated, _ = env.step(policy(image, observation["agent_pos"]))
+        total, best, steps = total + reward, max(best, reward), steps + 1
+        if success or truncated:
+            break
+    return {"seed": seed, "success": bool(success), "max_reward": best, "return": total, "steps": steps}
+
+
+def _worker(run: str, height: int, width: int, replan_every: int, video_seeds: set[int], video_dir: str,
+            seeds, results) -> None:
+    try:
+        torch.set_num_threads(1)
+        from hetlab.aloha.env import AlohaTransferCube
+        from hetlab.aloha.phase_a import load_policy
+        from hetlab.datasets.video import encode_video
+
+        model, _ = load_policy(Path(run))
+        policy = ChunkPolicy(model, replan_every)
+        env = AlohaTransferCube(height=height, width=width)
+        while (seed := seeds.get()) is not None:
+            frames = [] if seed in video_seeds else None
+            result = run_episode(env, policy, seed, frames)
+            if frames is not None:
+                encode_video(np.stack(frames), Path(video_dir) / f"seed-{seed}.mp4", VIDEO_FPS)
+            results.put(("result", result))
+        env.close()
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def evaluate(cfg: EvalConfig, progress=None) -> dict:
+    """Evaluate; writes results.json (and videos) and returns it."""
+    from hetlab.aloha.phase_a import load_run
+
+    seeds = parse_seeds(cfg.seeds)
+    config, _ = load_run(cfg.run)  # checks the run before any process starts
+    if cfg.replan_every < 0 or cfg.replan_every > config["model"]["chunk"]:
+        raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
+    if cfg.videos < 0:
+        raise UserError(f"--videos must be ≥ 0, got {cfg.videos}")
+    height, width = config["image_size"]
+    out = cfg.out or Path(cfg.run) / "eval" / cfg.seeds.replace(",", "_")
+    video_dir = out / "videos"
+    video_dir.mkdir(parents=True, exist_ok=True)
+    workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
+    context = multiprocessing.get_context("spawn")
+    seed_queue, results = context.Queue(), context.Queue()
+    for seed in seeds:
+        seed_queue.put(seed)
+    for _ in range(workers):
+        seed_queue.put(None)
+    processes = [context.Process(target=_worker, daemon=True, name=f"hetlab-eval-{i}",
+                                 args=(str(cfg.run), height, width, cfg.replan_every, set(seeds[:cfg.videos]),
+                                       str(video_dir), seed_queue, results)) for i in range(workers)]
+    started = time.perf_counter()
+    per_seed: list[dict] = []
+    job = progress.add_task("episodes", total=len(seeds)) if progress is not None else None
+    try:
+        for process in processes:
+            process.start()
+        while len(per_seed) < len(seeds):
+            try:
+                kind, payload = results.get(timeout=POLL_S)
+            except queue.Empty:
+                dead = [p for p in processes if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"evaluation worker {dead[0].name} died (exit code {dead[0].exitcode})")
+                continue
+            if kind == "error":
+                raise RuntimeError(f"an evaluation worker failed:\n{payload}")
+            per_seed.append(payload)
+            if job is not None:
+                progress.update(job, advance=1, description=f"{sum(r['success'] for r in per_seed)} successes")
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+    per_seed.sort(key=lambda r: r["seed"])
+    successes = sum(r["success"] for r in per_seed)
+    low, high = wilson_interval(successes, len(per_seed))
+    report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": cfg.replan_every or config["model"]["chunk"],
+              "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),
+              "wilson95": [low, high], "per_seed": per_seed}
+    write_text_atomic(out / "results.json", json.dumps(report, indent=2))
+    return {**report, "out": str(out), "wall_s": time.perf_counter() - started, "workers": workers}

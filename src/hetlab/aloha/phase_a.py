@@ -1,0 +1,309 @@
+"""Phase A: train the whole AR-Actor on the ALOHA cube-transfer demonstrations.
+
+One step: a batch of 8 frames (image, state, the next `chunk` actions), the chunk predicted
+with teacher forcing and a random history mask, L1 on the steps inside the episode, AdamW,
+gradient clipping. Everything random is a function of (seed, step) — the batch order, the
+history mask, dropout — so a resumed run continues exactly where the uninterrupted one would
+have been, and Phase B can give every condition the same data order and masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from hetlab.aloha.record import CAMERA_KEY
+from hetlab.checkpoint import load_checkpoint, save_checkpoint
+from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
+from hetlab.devices import LearnerDevice, cpu_count, pick_device
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
+from hetlab.policies.resnet import load_imagenet
+from hetlab.seeds import parse_seeds
+
+RUN_KIND = "aloha-ar-actor"
+
+
+@dataclass(frozen=True)
+class Preset:
+    height: int
+    width: int
+    steps: int
+    lr: float
+    model: ARActorConfig
+    checkpoint_every: int
+    log_every: int
+
+
+PRESETS = {
+    # The study's setting: full-size images, 200k steps of batch 8 at lr 1e-5 (a GPU job).
+    "paper": Preset(480, 640, 200_000, 1e-5, ARActorConfig(), 5000, 100),
+    # Fits ≤ 30 min on a 2-core CPU: the full-size model on 120×160 images (4×5 image tokens),
+    # fewer steps, and a 10× learning rate so the loss falls visibly in that budget.
+    "cpu": Preset(120, 160, 3000, 1e-4, ARActorConfig(), 500, 25),
+    # Seconds, for tests and smoke checks: a narrow model on 64×96 images.
+    "tiny": Preset(64, 96, 200, 1e-3, ARActorConfig(d_model=32, heads=2, feedforward=64, expert_feedforward=64,
+                                                    backbone_width=8, chunk=10, dropout=0.0), 100, 10),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseAConfig:
+    dataset: Path | None = None  # LeRobot v3 dataset of the cube transfer (`hetlab aloha record`)
+    preset: Literal["paper", "cpu", "tiny"] = "cpu"
+    steps: int | None = None  # optimizer steps; default: the preset's
+    batch: int = 8
+    lr: float | None = None  # default: the preset's
+    weight_decay: float = 1e-4
+    grad_clip: float = 10.0
+    train_episodes: str = "0-39"  # 40–49 stay held out (Phase B measures fidelity on them)
+    seed: int = 0
+    loader_workers: int = 1  # processes decoding video; 0 = in the training process
+    device: str = "auto"
+    imagenet_weights: Path | None = None  # torchvision resnet18 weights (.pth/.safetensors) for the backbone
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPUs that have it
+    compile: Literal["auto", "on", "off"] = "auto"  # auto: torch.compile on CUDA
+    max_seconds: float = 0.0  # stop (with a checkpoint) after this long; 0 = no limit
+    runs_dir: Path = Path("runs")
+    resume: Path | None = None  # a Phase-A run directory to continue
+
+    @property
+    def resolved(self) -> Preset:
+        preset = PRESETS[self.preset]
+        return dataclasses.replace(preset, steps=self.steps or preset.steps, lr=self.lr or preset.lr)
+
+
+def batch_indices(step: int, batch: int, frames: int, seed: int) -> np.ndarray:
+    """Frames of batch `step`: consecutive slices of one seeded permutation per epoch."""
+    positions = step * batch + np.arange(batch)
+    epochs, offsets = np.divmod(positions, frames)
+    return np.array([np.random.default_rng([seed, int(e)]).permutation(frames)[o] for e, o in zip(epochs, offsets)])
+
+
+class StepBatches(torch.utils.data.Sampler):
+    """Batch index lists for steps start..stop−1 (a DataLoader batch_sampler)."""
+
+    def __init__(self, start: int, stop: int, batch: int, frames: int, seed: int):
+        self.start, self.stop, self.batch, self.frames, self.seed = start, stop, batch, frames, seed
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start, self.stop):
+            yield batch_indices(step, self.batch, self.frames, self.seed).tolist()
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The CPU generator of one step's history mask."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def open_dataset(path: Path | None, episodes: str, image_size: tuple[int, int], chunk: int) -> LeRobotDataset:
+    """The training frames, after checking the dataset has what the policy reads."""
+    if path is None:
+        raise UserError("--dataset is required: a LeRobot v3 cube-transfer dataset (make one with `hetlab aloha record`)")
+    dataset = LeRobotDataset(path, parse_seeds(episodes, "--train-episodes"), action_horizon=chunk,
+                             image_size=image_size)
+    features = dataset.info["features"]
+    for key, shape in ((STATE, [14]), (ACTION, [14])):
+        if key not in features or list(features[key]["shape"]) != shape:
+            raise UserError(f"{path}: the AR-Actor needs a {key} feature of shape {shape}; "
+                            f"this dataset has {features.get(key, {}).get('shape', 'none')}")
+    if CAMERA_KEY not in dataset.video_keys:
+        raise UserError(f"{path}: the AR-Actor reads the {CAMERA_KEY} camera; this dataset has "
+                        f"{', '.join(dataset.video_keys) or 'no cameras'}")
+    return dataset
+
+
+def device_batch(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(images in [0, 1], state, actions, is_pad) on the learner device."""
+    images = batch[CAMERA_KEY].to(device, non_blocking=True).float().div_(255)
+    return (images, batch[STATE].to(device, non_blocking=True), batch[ACTION].to(device, non_blocking=True),
+            batch["action_is_pad"].to(device, non_blocking=True))
+
+
+def autocast(device: LearnerDevice, precision: str):
+    bf16 = precision == "bf16" or (precision == "auto" and device.is_accelerator and device.bf16)
+    return torch.autocast(device.torch_device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
+
+
+def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weights: Path | None) -> ARActor:
+    model = ARActor(model_cfg)
+    stats = dataset.stats
+    model.set_normalisation(stats[STATE]["mean"], stats[STATE]["std"], stats[ACTION]["mean"], stats[ACTION]["std"])
+    if imagenet_weights is not None:
+        load_imagenet(model.visual.backbone, imagenet_weights)
+    return model
+
+
+def load_run(run_dir: Path) -> tuple[dict, dict]:
+    """(config.json, newest checkpoint) of a Phase-A or Phase-B run."""
+    config_path = Path(run_dir) / "config.json"
+    if not config_path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no config.json); pass runs/{RUN_KIND}/<timestamp>")
+    config = json.loads(config_path.read_text())
+    if config.get("kind") != RUN_KIND:
+        raise UserError(f"{run_dir}: not an AR-Actor run (kind {config.get('kind')!r})")
+    return config, load_checkpoint(Path(run_dir))
+
+
+def load_policy(run_dir: Path) -> tuple[ARActor, dict]:
+    """The run's trained AR-Actor (eval mode, CPU) and its config."""
+    config, state = load_run(run_dir)
+    model = ARActor(ARActorConfig(**config["model"]))
+    load_weights(model, state["model"], run_dir)
+    return model.eval(), config
+
+
+def load_weights(model: torch.nn.Module, weights: dict, source: Path) -> None:
+    """load_state_dict with a one-line error naming the first mismatch (e.g. another model size)."""
+    own = model.state_dict()
+    for key, value in own.items():
+        if key not in weights or weights[key].shape != value.shape:
+            found = tuple(weights[key].shape) if key in weights else "missing"
+            raise UserError(f"{source}: checkpoint does not fit this model: {key} is {found}, "
+                            f"the model has {tuple(value.shape)} (trained with another model size?)")
+    model.load_state_dict(weights)
+
+
+def train_phase_a(cfg: PhaseAConfig) -> Path:
+    """Run (or resume) Phase A; returns the run directory."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
+
+    state = None
+    if cfg.resume is not None:
+        saved, state = load_run(cfg.resume)
+        cfg = dataclasses.replace(config_from_json(saved["phase_a"]), steps=cfg.steps or saved["phase_a"]["steps"],
+                                  max_seconds=cfg.max_seconds, resume=cfg.resume)
+        run_dir = Path(cfg.resume)
+    preset = cfg.resolved
+    device = pick_device(cfg.device)
+    if not device.is_accelerator:  # the loader's decoding processes need cores too; oversubscribed torch crawls
+        torch.set_num_threads(max(1, cpu_count() - cfg.loader_workers))
+    dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk)
+    torch.manual_seed(cfg.seed)
+    model = build_model(preset.model, dataset, cfg.imagenet_weights)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, weight_decay=cfg.weight_decay)
+    step = 0
+    if state is not None:
+        load_weights(model, state["model"], cfg.resume)
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        _truncate_history(run_dir, step)  # rows logged after the checkpoint are logged again
+    else:
+        run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        run_dir.mkdir(parents=True)
+        config = {"kind": RUN_KIND, "phase": "A", "model": dataclasses.asdict(preset.model),
+                  "image_size": [preset.height, preset.width],
+                  "phase_a": {**json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "steps": preset.steps}}
+        write_text_atomic(run_dir / "config.json", json.dumps(config, indent=2))
+    print(run_dir, flush=True)  # first line: where everything goes
+    model.to(device.torch_device).train()
+    forward = torch.compile(model) if cfg.compile == "on" or (cfg.compile == "auto" and device.kind == "cuda") else model
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=StepBatches(step, preset.steps, cfg.batch, len(dataset), cfg.seed),
+        num_workers=cfg.loader_workers, pin_memory=device.pinned_memory, prefetch_factor=4 if cfg.loader_workers else None,
+        persistent_workers=False)
+    history_path = run_dir / "history.jsonl"
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    interrupted = threading.Event()
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
+    first_step = step
+    stopped_by = "steps"
+
+    def checkpoint() -> None:
+        save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
+
+    progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
+                        TimeElapsedColumn(), TimeRemainingColumn())
+    try:
+        with progress, open(history_path, "a") as history:
+            job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
+            for batch in loader:
+                images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
+                torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: a function of the step, so resume is exact
+                mask = random_history_mask(cfg.batch, preset.model.chunk, preset.model.max_history_mask,
+                                           step_generator(cfg.seed, step)).to(images.device)
+                with autocast(device, cfg.precision):
+                    predicted = forward(images, state_, actions, mask)
+                loss = chunk_l1(predicted.float(), model.normalise_actions(actions), is_pad)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()
+                step += 1
+                window_losses.append(loss.item())
+                if step % preset.log_every == 0 or step == preset.steps:
+                    now = time.perf_counter()
+                    row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": float(grad_norm),
+                           "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
+                           "wall_s": now - start}
+                    history.write(json.dumps(row) + "\n")
+                    history.flush()
+                    for key in ("loss", "grad_norm", "samples_per_s"):
+                        writer.add_scalar(f"train/{key}", row[key], step)
+                    progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
+                    window_start, window_losses = now, []
+                if step % preset.checkpoint_every == 0 or step == preset.steps:
+                    checkpoint()
+                if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds):
+                    stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
+                    break
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        writer.close()
+    if step % preset.checkpoint_every and step != preset.steps:
+        checkpoint()
+    _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)
+    return run_dir
+
+
+def config_from_json(saved: dict) -> PhaseAConfig:
+    paths = {"dataset", "imagenet_weights", "runs_dir", "resume"}
+    return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in saved.items()})
+
+
+def _truncate_history(run_dir: Path, step: int) -> None:
+    rows = [row for row in read_history(run_dir) if row["step"] <= step]
+    write_text_atomic(run_dir / "history.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def read_history(run_dir: Path) -> list[dict]:
+    path = run_dir / "history.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _finish(run_dir: Path, step: int, first_step: int, wall: float, stopped_by: str) -> None:
+    """summary.json and the loss curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = read_history(run_dir)
+    summary = {"steps": step, "session_steps": step - first_step, "session_wall_s": wall, "stopped_by": stopped_by,
+               "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None}
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    if history:
+        figure, axis = plt.subplots(figsize=(6, 3.5))
+        axis.plot([r["step"] for r in history], [r["loss"] for r in history])
+        axis.set(xlabel="step", ylabel="L1 loss (normalised actions)", yscale="log", title="Phase A")
+        axis.grid(alpha=0.3)
+        figure.tight_layout()
+        figure.savefig(run_dir / "loss.png", dpi=120)
+        plt.close(figure)
