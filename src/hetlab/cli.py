@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import re
@@ -24,11 +25,12 @@ from tyro.extras import SubcommandApp
 import hetlab
 # tyro reads these configs' fields to build the `hetlab aloha` commands.
 from hetlab.aloha.evaluate import EvalConfig
-from hetlab.aloha.phase_a import PhaseAConfig
 from hetlab.aloha.record import RecordConfig
 from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
+from hetlab.offload.quantise import QuantiseConfig
+from hetlab.offload.study import StudyConfig
 from hetlab.seeds import parse_seeds
 from hetlab.tasks import TASKS, make_config
 from hetlab.train import TrainConfig
@@ -37,6 +39,7 @@ from hetlab.train import train as run_training
 app = SubcommandApp()
 bench = SubcommandApp()
 aloha = SubcommandApp()
+offload = SubcommandApp()
 console = Console()
 # Progress and tables go to stderr when stdout must hold JSON alone.
 err_console = Console(stderr=True)
@@ -277,16 +280,73 @@ def aloha_params(cfg: Annotated[AlohaParamsConfig, tyro.conf.arg(name="")] = Alo
     console.print(table)
 
 
-@aloha.command(name="train")
-def aloha_train(cfg: Annotated[PhaseAConfig, tyro.conf.arg(name="")], phase: Literal["A"] = "A") -> None:
-    """Train the AR-Actor on a cube-transfer dataset (phase A: the whole policy)."""
-    from hetlab.aloha.phase_a import read_history, train_phase_a
+@dataclass(frozen=True, kw_only=True)
+class AlohaTrainConfig:
+    """Options of both phases; each phase reads its own (unset ones take that phase's default)."""
 
-    run_dir = train_phase_a(cfg)
-    history = read_history(run_dir)
-    if history:
-        console.print(f"{run_dir}: step {history[-1]['step']}, loss {history[0]['loss']:.4f} → "
-                      f"{history[-1]['loss']:.4f}", highlight=False, soft_wrap=True)
+    phase: Literal["A", "B"] = "A"  # A: the whole policy; B: a new action expert on the frozen encoder
+    # Phase A
+    dataset: Path | None = None  # LeRobot v3 cube-transfer dataset (`hetlab aloha record`)
+    preset: Literal["paper", "cpu", "tiny"] = "cpu"  # paper: 480×640, 200k steps; cpu: ≤ 30 min here
+    imagenet_weights: Path | None = None  # torchvision resnet18 weights for the backbone
+    loader_workers: int = 1  # processes decoding video; 0 = in the training process
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # learner autocast; auto = bf16 on capable GPUs
+    compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA
+    resume: Path | None = None  # a Phase-A run to continue
+    # Phase B
+    from_run: Annotated[Path | None, tyro.conf.arg(name="from")] = None  # the Phase-A run to freeze
+    condition: str = "learner"  # learner | L1..L4 (encoder offloaded up to layer k) | cache
+    offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
+    offload_precision: Literal["int8", "fp32"] = "int8"
+    quantise: QuantiseConfig = QuantiseConfig()
+    calibration_episodes: str = "0-7"
+    prefetch: int = 2  # batches prepared ahead by the background thread
+    cache_dtype: Literal["fp16", "int8"] = "fp16"
+    power_interval: float = 1.0  # seconds between power samples
+    power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)
+    power_pattern: str = r"([0-9.]+)\s*W"  # regex; its first group is the watts
+    power_device: str = "offload device"
+    out: Path | None = None  # Phase-B run directory
+    # Both
+    steps: int | None = None  # default: the preset's (A) or 30,000 (B)
+    batch: int = 8
+    lr: float | None = None  # default: the preset's (A) or 1e-5 (B)
+    weight_decay: float = 1e-4
+    grad_clip: float = 10.0
+    train_episodes: str = "0-39"  # 40–49 stay held out for fidelity
+    seed: int | None = None  # default 0 (A) or 2000 (B)
+    device: str = "auto"  # learner device
+    max_seconds: float = 0.0  # stop with a checkpoint after this long; 0 = no limit
+    runs_dir: Path = Path("runs")
+
+    def phase_config(self, cls):
+        """The options `cls` (PhaseAConfig or PhaseBConfig) has, leaving unset ones to its defaults."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                      if f.name in names and getattr(self, f.name) is not None})
+
+
+@aloha.command(name="train")
+def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> None:
+    """Train the AR-Actor: --phase A (whole policy on a dataset) or --phase B (new action expert on a frozen Phase-A encoder)."""
+    if cfg.phase == "A":
+        from hetlab.aloha.phase_a import PhaseAConfig, read_history, train_phase_a
+
+        run_dir = train_phase_a(cfg.phase_config(PhaseAConfig))
+        history = read_history(run_dir)
+        if history:
+            console.print(f"{run_dir}: step {history[-1]['step']}, loss {history[0]['loss']:.4f} → "
+                          f"{history[-1]['loss']:.4f}", highlight=False, soft_wrap=True)
+        return
+    from hetlab.offload.phase_b import PhaseBConfig, train_phase_b
+
+    if cfg.from_run is None:
+        raise UserError("--phase B needs --from RUN: the Phase-A run whose visual encoder it freezes")
+    with Progress(console=err_console) as progress:
+        run_dir = train_phase_b(cfg.phase_config(PhaseBConfig), progress)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    console.print(f"{run_dir}: {summary['steps']} steps, {summary['samples_per_s']:.1f} samples/s, loss "
+                  f"{summary['first_loss']:.4f} → {summary['last_loss']:.4f}", highlight=False, soft_wrap=True)
 
 
 @aloha.command(name="eval")
@@ -306,7 +366,55 @@ def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
                   f"{report['workers']} workers → {report['out']}/results.json", highlight=False, soft_wrap=True)
 
 
+@dataclass(frozen=True, kw_only=True)
+class FidelityConfig:
+    run: Path  # a Phase-A run
+    boundaries: str = "1,2,3,4"  # split boundaries k (encoder layers offloaded)
+    quantise: QuantiseConfig = QuantiseConfig()
+    provider: str = "CPUExecutionProvider"  # the ONNX Runtime execution provider the INT8 prefix runs on
+    json: bool = False
+
+
+@offload.command(name="fidelity")
+def offload_fidelity(cfg: Annotated[FidelityConfig, tyro.conf.arg(name="")]) -> None:
+    """Cosine similarity of the INT8 and FP32 tokens at each split boundary, on held-out frames (goal ≥ 0.9975)."""
+    from hetlab.offload.fidelity import fidelity
+
+    boundaries = parse_seeds(cfg.boundaries, "--boundaries")
+    with Progress(console=err_console, transient=True) as progress:
+        result = fidelity(cfg.run, boundaries, quantise=cfg.quantise, provider=cfg.provider, progress=progress)
+    if cfg.json:
+        _print_json({str(k): v for k, v in result.items()})
+        return
+    table = Table("boundary", "cosine (INT8 vs FP32)", "goal ≥ 0.9975", title=f"fidelity, {cfg.quantise.method} calibration")
+    for k, cosine in result.items():
+        table.add_row(f"L{k}", f"{cosine:.5f}", "met" if cosine >= 0.9975 else "[red]missed[/]")
+    console.print(table)
+
+
+@offload.command(name="devices")
+def offload_devices() -> None:
+    """Offload devices (ONNX Runtime execution providers, OpenVINO, torch) and whether each is usable here."""
+    from hetlab.offload.backends import available_offload_devices
+
+    table = Table("--offload-device", "status")
+    for name, status in available_offload_devices().items():
+        table.add_row(name, status)
+    console.print(table)
+
+
+@offload.command(name="study")
+def offload_study(cfg: Annotated[StudyConfig, tyro.conf.arg(name="")]) -> None:
+    """Phase B under every condition and training seed, evaluated and measured; writes report.md with tables and figures."""
+    from hetlab.offload.study import run_study
+
+    with Progress(console=err_console) as progress:
+        report = run_study(cfg, progress)
+    console.print(f"study report: {report}", highlight=False, soft_wrap=True)
+
+
 app.command(bench, name="bench", help="Benchmarks: `hetlab bench sim`.")
+app.command(offload, name="offload", help="Phase B's offloaded encoder: fidelity, devices, study.")
 app.command(aloha, name="aloha", help="The ALOHA cube-transfer world and its AR-Actor policy: expert, record, params, train, eval.")
 
 

@@ -67,7 +67,7 @@ def summary(condition: str, index: int, seed: int, cpu_measured: bool) -> dict:
     return {
         "condition": condition, "seed": seed, "steps": STEPS, "samples": samples, "stopped_by": "steps",
         "wall_s": wall, "samples_per_s": SAMPLES_PER_S[condition][index], "first_loss": 0.9, "last_loss": 0.4,
-        "breakdown_s": {"offload producer": producer,
+        "breakdown_s": {"producer": producer,
                         "learner": {"wait_data": 5.0, "transfer": 0.1, "encode": 30.0, "update": 40.0}},
         "encoder": encoder[condition],
         "power": rows,

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.seeds import parse_seeds
@@ -38,6 +39,7 @@ class EvalConfig:
     workers: int = 0  # episode processes; 0 = one per core
     videos: int = 3  # mp4s of the first K seeds
     replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
+    max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
     out: Path | None = None  # results directory; default RUN/eval/<seeds>
 
 
@@ -69,7 +71,18 @@ class ChunkPolicy:
         return self.pending.pop(0)
 
 
-def run_episode(env, policy, seed: int, video_frames: list | None = None) -> dict:
+def load_eval_policy(run_dir: Path):
+    """A run's policy as trained: Phase A's whole model, or Phase B's encoder path + new expert."""
+    from hetlab.aloha.phase_a import load_policy, load_run
+
+    if load_run(run_dir)[0]["phase"] == "B":
+        from hetlab.offload.phase_b import load_phase_b_policy
+
+        return load_phase_b_policy(run_dir)
+    return load_policy(run_dir)[0]
+
+
+def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_frames: list | None = None) -> dict:
     observation, _ = env.reset(seed=seed)
     policy.reset()
     total, best, steps, success = 0.0, 0.0, 0, False
@@ -79,25 +92,22 @@ def run_episode(env, policy, seed: int, video_frames: list | None = None) -> dic
             video_frames.append(image)
         observation, reward, success, truncated, _ = env.step(policy(image, observation["agent_pos"]))
         total, best, steps = total + reward, max(best, reward), steps + 1
-        if success or truncated:
+        if success or truncated or steps >= max_steps:
             break
     return {"seed": seed, "success": bool(success), "max_reward": best, "return": total, "steps": steps}
 
 
-def _worker(run: str, height: int, width: int, replan_every: int, video_seeds: set[int], video_dir: str,
-            seeds, results) -> None:
+def _worker(run: str, height: int, width: int, replan_every: int, max_steps: int, video_seeds: set[int],
+            video_dir: str, seeds, results) -> None:
     try:
         torch.set_num_threads(1)
-        from hetlab.aloha.env import AlohaTransferCube
-        from hetlab.aloha.phase_a import load_policy
         from hetlab.datasets.video import encode_video
 
-        model, _ = load_policy(Path(run))
-        policy = ChunkPolicy(model, replan_every)
+        policy = ChunkPolicy(load_eval_policy(Path(run)), replan_every)
         env = AlohaTransferCube(height=height, width=width)
         while (seed := seeds.get()) is not None:
             frames = [] if seed in video_seeds else None
-            result = run_episode(env, policy, seed, frames)
+            result = run_episode(env, policy, seed, max_steps, frames)
             if frames is not None:
                 encode_video(np.stack(frames), Path(video_dir) / f"seed-{seed}.mp4", VIDEO_FPS)
             results.put(("result", result))
@@ -116,6 +126,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
     if cfg.videos < 0:
         raise UserError(f"--videos must be ≥ 0, got {cfg.videos}")
+    if not 1 <= cfg.max_steps <= EPISODE_STEPS:
+        raise UserError(f"--max-steps must be in 1..{EPISODE_STEPS} (the task's episode length), got {cfg.max_steps}")
     height, width = config["image_size"]
     out = cfg.out or Path(cfg.run) / "eval" / cfg.seeds.replace(",", "_")
     video_dir = out / "videos"
@@ -128,7 +140,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     for _ in range(workers):
         seed_queue.put(None)
     processes = [context.Process(target=_worker, daemon=True, name=f"hetlab-eval-{i}",
-                                 args=(str(cfg.run), height, width, cfg.replan_every, set(seeds[:cfg.videos]),
+                                 args=(str(cfg.run), height, width, cfg.replan_every, cfg.max_steps, set(seeds[:cfg.videos]),
                                        str(video_dir), seed_queue, results)) for i in range(workers)]
     started = time.perf_counter()
     per_seed: list[dict] = []
@@ -158,6 +170,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     successes = sum(r["success"] for r in per_seed)
     low, high = wilson_interval(successes, len(per_seed))
     report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": cfg.replan_every or config["model"]["chunk"],
+              "max_steps": cfg.max_steps,
               "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),
               "wilson95": [low, high], "per_seed": per_seed}
     write_text_atomic(out / "results.json", json.dumps(report, indent=2))

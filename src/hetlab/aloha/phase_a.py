@@ -52,7 +52,7 @@ PRESETS = {
     "paper": Preset(480, 640, 200_000, 1e-5, ARActorConfig(), 5000, 100),
     # Fits ≤ 30 min on a 2-core CPU: the full-size model on 120×160 images (4×5 image tokens),
     # fewer steps, and a 10× learning rate so the loss falls visibly in that budget.
-    "cpu": Preset(120, 160, 3000, 1e-4, ARActorConfig(), 500, 25),
+    "cpu": Preset(120, 160, 1000, 1e-4, ARActorConfig(), 250, 10),
     # Seconds, for tests and smoke checks: a narrow model on 64×96 images.
     "tiny": Preset(64, 96, 200, 1e-3, ARActorConfig(d_model=32, heads=2, feedforward=64, expert_feedforward=64,
                                                     backbone_width=8, chunk=10, dropout=0.0), 100, 10),
@@ -109,6 +109,11 @@ class StepBatches(torch.utils.data.Sampler):
 def step_generator(seed: int, step: int) -> torch.Generator:
     """The CPU generator of one step's history mask."""
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def dropout_seed(seed: int, step: int) -> int:
+    """The global torch seed of one step (dropout), apart from the history mask's stream."""
+    return seed * 1_000_003 + step + 500_000
 
 
 def open_dataset(path: Path | None, episodes: str, image_size: tuple[int, int], chunk: int) -> LeRobotDataset:
@@ -192,6 +197,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         run_dir = Path(cfg.resume)
     preset = cfg.resolved
     device = pick_device(cfg.device)
+    threads_before = torch.get_num_threads()
     if not device.is_accelerator:  # the loader's decoding processes need cores too; oversubscribed torch crawls
         torch.set_num_threads(max(1, cpu_count() - cfg.loader_workers))
     dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk)
@@ -204,6 +210,8 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
         _truncate_history(run_dir, step)  # rows logged after the checkpoint are logged again
+        saved["phase_a"]["steps"] = preset.steps  # a longer resumed run is now this long
+        write_text_atomic(run_dir / "config.json", json.dumps(saved, indent=2))
     else:
         run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir.mkdir(parents=True)
@@ -236,7 +244,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
             for batch in loader:
                 images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
-                torch.manual_seed(cfg.seed * 1_000_003 + step)  # dropout: a function of the step, so resume is exact
+                torch.manual_seed(dropout_seed(cfg.seed, step))  # a function of the step, so resume is exact
                 mask = random_history_mask(cfg.batch, preset.model.chunk, preset.model.max_history_mask,
                                            step_generator(cfg.seed, step)).to(images.device)
                 with autocast(device, cfg.precision):
@@ -267,6 +275,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     finally:
         signal.signal(signal.SIGINT, previous_handler)
         writer.close()
+        torch.set_num_threads(threads_before)
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
     _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)

@@ -82,12 +82,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
             raise IndexError(f"frame {i} of a dataset of {len(self)} frames")
         i = int(i) % len(self)
         episode = int(self.episode_index[i])
-        steps = i + np.arange(self.action_horizon)
-        is_pad = steps >= self._episode_end[i]
-        steps = np.minimum(steps, self._episode_end[i] - 1)
+        actions, is_pad = self.action_chunk(i)
         item = {
             STATE: torch.from_numpy(self.state[i]),
-            ACTION: torch.from_numpy(self.action[steps]),
+            ACTION: torch.from_numpy(actions),
             "action_is_pad": torch.from_numpy(is_pad),
             "episode_index": torch.tensor(episode),
             "frame_index": torch.tensor(int(self.frame_index[i])),
@@ -100,6 +98,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
             image = torch.from_numpy(self._reader(self._video_path(key, row)).frame_at(t)).permute(2, 0, 1)
             item[key] = image.float().div_(255) if self.float_images else image.contiguous()
         return item
+
+    def action_chunk(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Frame i's `action_horizon` actions and their padding flags, without decoding video."""
+        steps = i + np.arange(self.action_horizon)
+        is_pad = steps >= self._episode_end[i]
+        return self.action[np.minimum(steps, self._episode_end[i] - 1)], is_pad
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -26,7 +26,7 @@ CACHE_SPEEDUP_GOAL = 10.0  # feature-cache samples/s over learner-only
 
 # (role, stage in breakdown_s, name in the report); the producer's stages run one batch ahead in a
 # background thread, so they overlap the learner's, whose four stages add up to its time per step.
-PRODUCER = "offload producer"
+PRODUCER = "producer"
 TIME_STAGES = (
     (PRODUCER, "inference", "offload forward"),
     (PRODUCER, "load", "data load"),

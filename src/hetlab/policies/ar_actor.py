@@ -226,7 +226,9 @@ class ActionExpert(nn.Module):
     @torch.no_grad()
     def generate(self, layer_tokens: list[torch.Tensor], steps: int | None = None) -> torch.Tensor:
         """Autoregressive normalised chunk (B, steps, action_dim), one action per decoder pass."""
-        steps = steps or self.cfg.chunk
+        steps = self.cfg.chunk if steps is None else steps
+        if not 1 <= steps <= self.cfg.chunk:
+            raise ValueError(f"generate 1..{self.cfg.chunk} actions (the chunk), not {steps}")
         memories = self.memories(layer_tokens)
         caches: list[list[torch.Tensor]] = [[] for _ in self.layers]
         x = self.start_token.expand(layer_tokens[0].shape[0], 1, -1)

@@ -1,0 +1,99 @@
+"""Frozen-feature cache: the encoder's output tokens for every training frame, computed once.
+
+Phase B's encoder is frozen and sees no image augmentation, so each frame always yields the
+same tokens x1..xL (the action expert rebuilds its K/V from them). They are computed once,
+stored memory-mapped, and Phase B then reads tokens instead of decoding video and running the
+encoder. Storage: FP16, or INT8 with one FP16 scale per token (symmetric, absmax / 127).
+A cache directory is written under a temporary name and renamed whole, so a half-built one
+is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+
+BUILD_BATCH = 16
+
+
+def _encode_all(visual, dataset, camera: str, state_key: str) -> Iterator[tuple[int, np.ndarray]]:
+    for start in range(0, len(dataset), BUILD_BATCH):
+        items = [dataset[i] for i in range(start, min(start + BUILD_BATCH, len(dataset)))]
+        images = torch.stack([item[camera] for item in items]).float().div_(255)
+        state = torch.stack([item[state_key] for item in items])
+        with torch.no_grad():
+            yield start, torch.stack(visual(images, state), dim=1).numpy()  # (B, L, T, D)
+
+
+def build_feature_cache(visual, dataset, out: Path, dtype: Literal["fp16", "int8"], camera: str, state_key: str,
+                        key: dict, progress=None) -> dict:
+    """Encode every frame of `dataset` (in its order) into the cache directory `out`; `key`
+    (which checkpoint, episodes, image size) is stored so a stale cache is never used."""
+    if dtype not in ("fp16", "int8"):
+        raise UserError(f"feature cache dtype must be fp16 or int8, got {dtype!r}")
+    started = time.perf_counter()
+    visual.eval()
+    probe = dataset[0]
+    with torch.no_grad():
+        layers = visual(probe[camera][None].float().div_(255), probe[state_key][None])
+    shape = (len(dataset), len(layers), *layers[0].shape[1:])
+    tmp = out.parent / f".{out.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tokens = np.lib.format.open_memmap(tmp / "tokens.npy", "w+", np.float16 if dtype == "fp16" else np.int8, shape)
+    scales = np.lib.format.open_memmap(tmp / "scales.npy", "w+", np.float16, shape[:3]) if dtype == "int8" else None
+    job = progress.add_task("feature cache", total=len(dataset)) if progress is not None else None
+    for start, block in _encode_all(visual, dataset, camera, state_key):
+        rows = slice(start, start + len(block))
+        if scales is None:
+            tokens[rows] = block
+        else:
+            scale = np.maximum(np.abs(block).max(axis=-1), 1e-8) / 127.0
+            tokens[rows] = np.clip(np.rint(block / scale[..., None]), -127, 127)
+            scales[rows] = scale
+        if job is not None:
+            progress.update(job, advance=len(block))
+    tokens.flush()
+    if scales is not None:
+        scales.flush()
+    meta = {"key": key, "frames": shape[0], "layers": shape[1], "tokens": shape[2], "d_model": shape[3], "dtype": dtype,
+            "build_s": time.perf_counter() - started,
+            "bytes": sum(p.stat().st_size for p in tmp.iterdir())}
+    write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return meta
+
+
+class FeatureCache:
+    """Read side: `tokens(indices)` → the L layer outputs of those frames, float32."""
+
+    def __init__(self, root: Path, key: dict):
+        meta_path = root / "meta.json"
+        if not meta_path.is_file():
+            raise UserError(f"{root}: no feature cache here (meta.json missing); it is rebuilt by Phase B's cache condition")
+        self.meta = json.loads(meta_path.read_text())
+        if self.meta["key"] != key:
+            raise UserError(f"{root}: this cache was built for {self.meta['key']}, not {key}; delete it to rebuild")
+        self._tokens = np.load(root / "tokens.npy", mmap_mode="r")
+        self._scales = np.load(root / "scales.npy", mmap_mode="r") if self.meta["dtype"] == "int8" else None
+
+    def __len__(self) -> int:
+        return self.meta["frames"]
+
+    def tokens(self, indices) -> list[torch.Tensor]:
+        order = np.asarray(indices)
+        block = self._tokens[order].astype(np.float32)
+        if self._scales is not None:
+            block *= self._scales[order].astype(np.float32)[..., None]
+        return list(torch.from_numpy(block).unbind(dim=1))

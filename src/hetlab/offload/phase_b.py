@@ -1,0 +1,327 @@
+"""Phase B: a new action expert trained on the frozen Phase-A visual encoder, under one condition.
+
+Conditions:
+  learner   the whole frozen encoder runs FP32 on the learner device, inside the learner's step;
+  L1..L4    the encoder's prefix up to boundary k runs on the offload device (A8W8 INT8 through
+            ONNX Runtime by default) in a background thread, one batch ahead; the learner
+            receives x0..xk, runs the remaining encoder layers and rebuilds every layer's K/V;
+  cache     the encoder's outputs for every training frame are computed once (FP32 on the
+            learner, stored FP16/INT8, see feature_cache.py); the learner reads tokens.
+Within a training seed every condition starts from the same action-expert weights and sees the
+same batches, history masks and dropout (all functions of (seed, step), as in Phase A), so the
+conditions differ only in where and at which precision the encoder ran.
+
+Measured: the per-stage time breakdown (producer: load, inference; learner: wait_data,
+transfer, encode, update), power per device with energy per sample, the learner's peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetlab.aloha.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
+                                  open_dataset, step_generator)
+from hetlab.aloha.record import CAMERA_KEY
+from hetlab.checkpoint import save_checkpoint
+from hetlab.datasets.lerobot import ACTION, STATE
+from hetlab.devices import pick_device
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+from hetlab.measure.memory import peak_memory, reset_peak_memory
+from hetlab.measure.power import CommandMeter, PowerSampler, available_meters, energy_per_sample
+from hetlab.offload.backends import make_backend
+from hetlab.offload.feature_cache import FeatureCache, build_feature_cache
+from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, HELDOUT_EPISODES, check_held_out,
+                                     evenly_spaced_frames)
+from hetlab.offload.prefetch import Prefetcher
+from hetlab.offload.quantise import QuantiseConfig
+from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
+from hetlab.runtime.timeline import SpanRecorder, Timeline
+from hetlab.seeds import parse_seeds
+
+CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseBConfig:
+    from_run: Path  # the Phase-A run whose visual encoder is frozen
+    condition: str = "learner"  # learner | L1..L4 | cache
+    seed: int = 2000  # training seed: action-expert init, data order, masks, dropout
+    steps: int = 30_000
+    batch: int = 8
+    lr: float = 1e-5
+    weight_decay: float = 1e-4
+    grad_clip: float = 10.0
+    train_episodes: str = "0-39"
+    device: str = "auto"  # learner device
+    offload_device: str = "cpu"  # where L1..L4 run: cpu, cuda, openvino, ort:<ExecutionProvider>
+    offload_precision: str = "int8"  # of the offloaded prefix: int8 (A8W8 QDQ) or fp32
+    quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
+    calibration_episodes: str = f"{CALIBRATION_EPISODES.start}-{CALIBRATION_EPISODES.stop - 1}"
+    prefetch: int = 2  # batches the producer thread may prepare ahead
+    cache_dtype: str = "fp16"  # feature cache storage: fp16 or int8
+    power_interval: float = 1.0  # seconds between power samples
+    power_command: str | None = None  # a command printing a device's power (e.g. an NPU's status tool)
+    power_pattern: str = r"([0-9.]+)\s*W"  # regex whose first group is the watts in its output
+    power_device: str = "offload device"  # the name that device gets in the report
+    checkpoint_every: int = 1000
+    max_seconds: float = 0.0
+    out: Path | None = None  # run directory; default runs/aloha-ar-actor/<timestamp>-B-<condition>-s<seed>
+    runs_dir: Path = Path("runs")
+
+    @property
+    def boundary(self) -> int:
+        """Encoder layers run before the learner: k for Lk, 0 for learner (and cache, which skips them)."""
+        return int(self.condition[1:]) if self.condition.startswith("L") else 0
+
+
+def validate(cfg: PhaseBConfig, layers: int) -> None:
+    allowed = ("learner", *(f"L{k}" for k in range(1, layers + 1)), "cache")
+    if cfg.condition not in allowed:
+        raise UserError(f"--condition {cfg.condition!r}: choose one of {', '.join(allowed)} "
+                        f"(Lk offloads the encoder up to boundary k; the encoder has {layers} layers)")
+    if cfg.offload_precision not in ("int8", "fp32"):
+        raise UserError(f"--offload-precision {cfg.offload_precision!r}: the offloaded prefix runs int8 or fp32")
+    if cfg.cache_dtype not in ("fp16", "int8"):
+        raise UserError(f"--cache-dtype {cfg.cache_dtype!r}: the feature cache stores fp16 or int8")
+    if cfg.steps < 1 or cfg.batch < 1:
+        raise UserError(f"--steps and --batch must be ≥ 1, got {cfg.steps} and {cfg.batch}")
+
+
+def new_action_expert(model_cfg: ARActorConfig, seed: int, phase_a_expert: ActionExpert) -> ActionExpert:
+    """A freshly initialised expert, the same for every condition of a seed; the action
+    normalisation is the dataset's, as in Phase A."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        expert = ActionExpert(model_cfg)
+    expert.action_mean.copy_(phase_a_expert.action_mean)
+    expert.action_std.copy_(phase_a_expert.action_std)
+    return expert
+
+
+def frozen_encoder(run_dir: Path) -> tuple[ARActor, dict, int]:
+    """The Phase-A model with its visual encoder frozen (eval mode: no dropout, fixed norms)."""
+    config, state = load_run(run_dir)
+    if config.get("phase") != "A":
+        raise UserError(f"{run_dir}: Phase B starts from a Phase-A run; this one is phase {config.get('phase')}")
+    model = ARActor(ARActorConfig(**config["model"]))
+    load_weights(model, state["model"], run_dir)
+    model.visual.eval().requires_grad_(False)
+    return model, config, state["step"]
+
+
+class PhaseBPolicy:
+    """Acting with a Phase-B run: the condition's encoder path, then the trained expert."""
+
+    def __init__(self, visual, expert: ActionExpert, backend, boundary: int):
+        self.visual, self.action_expert, self.backend, self.boundary = visual, expert, backend, boundary
+        self.cfg = expert.cfg
+
+    @torch.no_grad()
+    def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+        if self.backend is None:
+            layer_tokens = self.visual(images, state)
+        else:
+            layer_tokens = self.visual.encode_rest(self.backend.run(images, state), self.boundary)
+        normalised = self.action_expert.generate(layer_tokens, steps)
+        return normalised * self.action_expert.action_std + self.action_expert.action_mean
+
+
+def load_phase_b_policy(run_dir: Path) -> PhaseBPolicy:
+    """A Phase-B run's policy on the CPU, with the offload path it was trained with (the cache
+    condition acts with the FP32 encoder its cache was built from)."""
+    config, state = load_run(run_dir)
+    cfg = _config_from_json(config["phase_b"])
+    model, _, _ = frozen_encoder(cfg.from_run)
+    expert = ActionExpert(model.cfg)
+    load_weights(expert, state["action_expert"], run_dir)
+    backend = _backend(cfg, model)
+    return PhaseBPolicy(model.visual, expert.eval(), backend, cfg.boundary)
+
+
+def _config_from_json(saved: dict) -> PhaseBConfig:
+    saved = dict(saved)
+    saved["quantise"] = QuantiseConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["quantise"].items()})
+    for key in ("from_run", "out", "runs_dir"):
+        saved[key] = Path(saved[key]) if saved[key] is not None else None
+    return PhaseBConfig(**saved)
+
+
+def _backend(cfg: PhaseBConfig, model: ARActor):
+    """The offload backend of an Lk condition; None when the learner runs the whole encoder."""
+    if cfg.boundary == 0:
+        return None
+    phase_a = load_run(cfg.from_run)[0]
+    image_size = tuple(phase_a["image_size"])
+    backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
+                           precision=cfg.offload_precision, quantise=cfg.quantise)
+    calibration = None
+    if cfg.offload_precision == "int8":
+        calibration = evenly_spaced_frames(Path(phase_a["phase_a"]["dataset"]), _episodes(cfg.calibration_episodes),
+                                           CALIBRATION_FRAMES, image_size)
+    backend.prepare(model.visual, calibration)
+    return backend
+
+
+def _episodes(text: str) -> list[int]:
+    episodes = parse_seeds(text, "--calibration-episodes")
+    check_held_out(episodes, HELDOUT_EPISODES)
+    return episodes
+
+
+def _describe_encoder(cfg: PhaseBConfig, backend, learner: str) -> dict:
+    if cfg.condition == "cache":
+        return {"backend": "feature cache", "precision": cfg.cache_dtype, "built_with": f"torch fp32 on {learner}"}
+    if backend is None:
+        return {"backend": "torch", "precision": "fp32", "device": learner, "boundary": 0}
+    return backend.describe()
+
+
+def _meters(cfg: PhaseBConfig):
+    meters, unavailable = available_meters()
+    if cfg.power_command:
+        meters.append(CommandMeter(cfg.power_command, cfg.power_pattern, cfg.power_device))  # fails now if broken
+    return meters, unavailable
+
+
+def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
+    """Train one condition; returns the run directory (with summary.json)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    model, phase_a, phase_a_step = frozen_encoder(cfg.from_run)
+    validate(cfg, len(model.visual.layers))
+    device = pick_device(cfg.device)
+    torch_device = torch.device(device.torch_device)
+    height, width = phase_a["image_size"]
+    dataset = open_dataset(Path(phase_a["phase_a"]["dataset"]), cfg.train_episodes, (height, width), model.cfg.chunk)
+    meters, unavailable = _meters(cfg)
+    # Made (exported, calibrated) before the run exists, so a missing provider or bad calibration
+    # episodes stop here. It runs in the producer thread; learner-only encodes in its own step.
+    backend = _backend(cfg, model) if cfg.condition != "cache" else None
+    run_dir = cfg.out or cfg.runs_dir / RUN_KIND / f"{datetime.now():%Y%m%d-%H%M%S-%f}-B-{cfg.condition}-s{cfg.seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.json", json.dumps(
+        {"kind": RUN_KIND, "phase": "B", "model": phase_a["model"], "image_size": phase_a["image_size"],
+         "phase_b": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}, indent=2))
+    print(run_dir, flush=True)
+
+    visual = model.visual.to(torch_device)
+    expert = new_action_expert(model.cfg, cfg.seed, model.action_expert).to(torch_device).train()
+    optimizer = torch.optim.AdamW(expert.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    cache_info = None
+    if cfg.condition == "cache":
+        cache_dir = Path(cfg.from_run) / "offload" / f"cache-{cfg.cache_dtype}-{cfg.train_episodes}"
+        key = {"phase_a_step": phase_a_step, "train_episodes": cfg.train_episodes, "image_size": [height, width]}
+        built = None
+        if not (cache_dir / "meta.json").is_file():
+            built = build_feature_cache(visual.cpu(), dataset, cache_dir, cfg.cache_dtype, CAMERA_KEY, STATE, key, progress)
+            visual.to(torch_device)
+        cache = FeatureCache(cache_dir, key)
+        cache_info = {**cache.meta, "built_now": built is not None}
+        encode = None
+    else:
+        encode = (lambda batch: backend.run(batch["images"], batch[STATE])) if backend is not None else None
+
+    frames = len(dataset)
+
+    def load(step: int) -> dict:
+        indices = batch_indices(step, cfg.batch, frames, cfg.seed)
+        if cfg.condition == "cache":
+            actions, is_pad = zip(*(dataset.action_chunk(int(i)) for i in indices))
+            return {"layer_tokens": cache.tokens(indices), ACTION: torch.from_numpy(np.stack(actions)),
+                    "action_is_pad": torch.from_numpy(np.stack(is_pad))}
+        items = torch.utils.data.default_collate([dataset[i] for i in indices])
+        return {"images": items[CAMERA_KEY].float().div_(255), STATE: items[STATE],
+                ACTION: items[ACTION], "action_is_pad": items["action_is_pad"]}
+
+    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    timeline, learner = Timeline(), SpanRecorder()
+    history, window = [], []
+    reset_peak_memory(torch_device)
+    sampler = PowerSampler(meters, interval=cfg.power_interval, unavailable=unavailable)
+    step, stopped_by = 0, "steps"
+    job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps) if progress is not None else None
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        with Prefetcher(range(cfg.steps), load, encode, cfg.prefetch) as prefetcher:
+            while True:
+                with learner.span("wait_data"):
+                    prepared = prefetcher.get()
+                if prepared is None:
+                    break
+                batch = prepared.batch
+                with learner.span("transfer"):
+                    actions = batch[ACTION].to(torch_device, non_blocking=True)
+                    is_pad = batch["action_is_pad"].to(torch_device, non_blocking=True)
+                    if cfg.condition == "cache":
+                        inputs = [t.to(torch_device, non_blocking=True) for t in batch["layer_tokens"]]
+                    elif cfg.boundary:
+                        inputs = [t.to(torch_device, non_blocking=True) for t in prepared.tokens]
+                    else:
+                        inputs = (batch["images"].to(torch_device, non_blocking=True), batch[STATE].to(torch_device))
+                with learner.span("encode"), torch.no_grad():
+                    if cfg.condition == "cache":
+                        layer_tokens = inputs
+                    elif cfg.boundary:
+                        layer_tokens = visual.encode_rest(inputs, cfg.boundary)
+                    else:
+                        layer_tokens = visual(*inputs)
+                with learner.span("update"):
+                    torch.manual_seed(dropout_seed(cfg.seed, step))
+                    mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
+                                               step_generator(cfg.seed, step)).to(torch_device)
+                    with autocast(device, "auto"):
+                        predicted = expert(layer_tokens, (actions - expert.action_mean) / expert.action_std, mask)
+                    loss = chunk_l1(predicted.float(), (actions - expert.action_mean) / expert.action_std, is_pad)
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(expert.parameters(), cfg.grad_clip)
+                    optimizer.step()
+                    window.append(loss.item())
+                timeline.add(step, "producer", prepared.spans)
+                timeline.add(step, "learner", learner.take())
+                step += 1
+                if step % 10 == 0 or step == cfg.steps:
+                    row = {"step": step, "loss": float(np.mean(window)), "wall_s": time.perf_counter() - started}
+                    history.append(row)
+                    writer.add_scalar("train/loss", row["loss"], step)
+                    window = []
+                if job is not None:
+                    progress.update(job, completed=step)
+                if step % cfg.checkpoint_every == 0:
+                    save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "step": step})
+                if cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds:
+                    stopped_by = "max_seconds"
+                    break
+    finally:
+        wall = time.perf_counter() - started
+        sampler.stop()
+        writer.close()
+    save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "step": step})
+    samples = step * cfg.batch
+    energy = sampler.report()
+    summary = {
+        "condition": cfg.condition, "seed": cfg.seed, "steps": step, "samples": samples, "stopped_by": stopped_by,
+        "wall_s": wall, "samples_per_s": samples / wall,
+        "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None,
+        "breakdown_s": timeline.summary(),
+        "encoder": _describe_encoder(cfg, backend,
+                                     f"{device.torch_device} ({device.name})"),
+        "power": [dataclasses.asdict(device_energy) for device_energy in energy],
+        "energy_per_sample": dataclasses.asdict(energy_per_sample(energy, samples)),
+        "peak_memory": dataclasses.asdict(peak_memory(torch_device)),
+        "cache": cache_info,
+    }
+    write_text_atomic(run_dir / "history.json", json.dumps(history))
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
+    return run_dir

@@ -1,0 +1,105 @@
+"""Phase B end to end on a tiny Phase-A run: conditions start alike and see the same batches;
+the cache condition reproduces the learner-only one; bad settings fail before training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetlab.aloha.phase_a import PhaseAConfig, batch_indices, open_dataset, train_phase_a
+from hetlab.aloha.record import CAMERA_KEY
+from hetlab.checkpoint import load_checkpoint
+from hetlab.datasets.lerobot import STATE
+from hetlab.errors import UserError
+from hetlab.offload.feature_cache import FeatureCache
+from hetlab.offload.phase_b import PhaseBConfig, frozen_encoder, new_action_expert, train_phase_b
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def phase_a_run(tiny_aloha_dataset, tmp_path_factory) -> Path:
+    return train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=20,
+                                      loader_workers=0, runs_dir=tmp_path_factory.mktemp("runs")))
+
+
+def phase_b(run: Path, out: Path, **options) -> PhaseBConfig:
+    options = {"calibration_episodes": "0-1", **options}
+    return PhaseBConfig(from_run=run, seed=2000, steps=STEPS, train_episodes="0-1", out=out, **options)
+
+
+def final_expert(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir)["action_expert"]
+
+
+@pytest.fixture(scope="module")
+def learner_run(phase_a_run, tmp_path_factory) -> Path:
+    return train_phase_b(phase_b(phase_a_run, tmp_path_factory.mktemp("b") / "learner", condition="learner"))
+
+
+def test_every_condition_of_a_seed_starts_from_the_same_expert(phase_a_run):
+    model, _, _ = frozen_encoder(phase_a_run)
+    first, again = (new_action_expert(model.cfg, 2000, model.action_expert).state_dict() for _ in range(2))
+    other = new_action_expert(model.cfg, 2001, model.action_expert).state_dict()
+    assert all(torch.equal(first[key], again[key]) for key in first)
+    assert not torch.equal(first["head.weight"], other["head.weight"])
+    # The action normalisation is the dataset's, from Phase A, not the fresh module's identity.
+    assert torch.equal(first["action_std"], model.action_expert.action_std)
+
+
+def test_offloaded_fp32_prefix_trains_like_the_learner_only_condition(phase_a_run, learner_run, tmp_path):
+    """Same initial expert, batches, masks and dropout: with the prefix in FP32 (ONNX Runtime on
+    the CPU) the only difference from learner-only is float rounding, so the weights agree closely."""
+    offloaded = train_phase_b(phase_b(phase_a_run, tmp_path / "L2", condition="L2", offload_precision="fp32"))
+    expected, got = final_expert(learner_run), final_expert(offloaded)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], atol=2e-4, rtol=1e-3)
+    summary = json.loads((offloaded / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["encoder"]["boundary"] == 2
+    assert summary["breakdown_s"]["producer"]["inference"] > 0
+    assert set(summary["breakdown_s"]["learner"]) == {"wait_data", "transfer", "encode", "update"}
+    assert (offloaded / "timeline.png").is_file()
+
+
+def test_int8_condition_runs_and_says_how_power_was_measured(phase_a_run, tmp_path):
+    run = train_phase_b(phase_b(phase_a_run, tmp_path / "L1", condition="L1"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["encoder"]["precision"] == "int8" and summary["samples"] == STEPS * 8
+    for device in summary["power"]:  # a number with its method, or why there is none
+        assert (device["joules"] is None) == (device["method"] is None)
+        assert device["joules"] is not None or device["not_measured"]
+    assert summary["peak_memory"]["bytes"] > 0 and summary["peak_memory"]["what"]
+
+
+def test_cache_condition_reproduces_the_learner_only_batches(phase_a_run, learner_run, tmp_path):
+    run = train_phase_b(phase_b(phase_a_run, tmp_path / "cache", condition="cache"))
+    summary = json.loads((run / "summary.json").read_text())
+    cache = FeatureCache(Path(phase_a_run) / "offload" / "cache-fp16-0-1", summary["cache"]["key"])
+    model, config, _ = frozen_encoder(phase_a_run)
+    dataset = open_dataset(Path(config["phase_a"]["dataset"]), "0-1", tuple(config["image_size"]), model.cfg.chunk)
+    indices = batch_indices(1, 8, len(dataset), 2000)
+    items = [dataset[int(i)] for i in indices]
+    images = torch.stack([item[CAMERA_KEY] for item in items]).float() / 255
+    with torch.no_grad():
+        expected = model.visual(images, torch.stack([item[STATE] for item in items]))
+    for got, want in zip(cache.tokens(indices), expected):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=1e-2)  # FP16 storage
+    reference = final_expert(learner_run)
+    for key, value in final_expert(run).items():
+        torch.testing.assert_close(value, reference[key], atol=5e-3, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"condition": "L5"}, "choose one of learner, L1, L2, L3, L4, cache"),
+    ({"condition": "L1", "offload_device": "ort:NoSuchExecutionProvider"}, "has no NoSuchExecutionProvider"),
+    ({"condition": "L1", "calibration_episodes": "38-45"}, "both calibration and held-out"),
+    ({"power_command": "false"}, "power"),
+])
+def test_bad_settings_fail_before_training(phase_a_run, tmp_path, options, message):
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=message):
+        train_phase_b(phase_b(phase_a_run, out, **options))
+    assert not (out / "summary.json").exists()
