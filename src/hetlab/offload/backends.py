@@ -1,0 +1,247 @@
+"""Where the frozen encoder's prefix runs: torch on the learner, or an exported graph on an inference
+accelerator through ONNX Runtime (any execution provider) or OpenVINO.
+
+Every backend answers the same contract (DESIGN.md, EncoderBackend): `prepare(visual, calibration)`
+once, then `run(images, state)` → [x0, …, xk], the k + 1 token arrays `encode_rest` takes. The
+ONNX backends export (and quantise) the prefix into a work directory and reuse the file on the
+next run with the same settings; the file name holds the settings and a digest of the weights,
+image size and calibration frames, so a resumed or retrained encoder never meets a stale file.
+A requested device that is missing is an error, never a silent fall back to another.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetlab.errors import UserError
+from hetlab.export import _require_extra
+from hetlab.offload.export import cut_prefix, export_prefix, onnx_inputs, output_names
+from hetlab.offload.quantise import QuantiseConfig, quantise_prefix
+from hetlab.policies.ar_actor import VisualEncoder
+
+PRECISIONS = ("int8", "fp32")
+# Short names for `make_backend`; "ort:<provider>" and "openvino:<device>" reach any other.
+ORT_SHORT_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+OPENVINO_MISSING = "OpenVINO is not installed: pip install openvino"
+
+Calibration = tuple[np.ndarray, np.ndarray]  # (images uint8 or [0, 1] float (N, 3, H, W), raw state (N, 14))
+
+
+class EncoderBackend(ABC):
+    """Runs the visual encoder's layers before `boundary` (1..L)."""
+
+    name: str
+    boundary: int
+
+    @abstractmethod
+    def prepare(self, visual: VisualEncoder, calibration: Calibration | None = None) -> None:
+        """Take the (frozen) encoder; INT8 backends calibrate on the frames, FP32 ones ignore them."""
+
+    @abstractmethod
+    def run(self, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:
+        """[x0, …, xk] for uint8 or [0, 1] float images (B, 3, H, W) and raw state (B, 14)."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """What runs where: backend, provider or device, precision, boundary."""
+
+
+class TorchBackend(EncoderBackend):
+    """FP32 on the learner device: the baseline the offloaded backends are measured against."""
+
+    name = "torch"
+
+    def __init__(self, boundary: int, device: str | torch.device = "cpu"):
+        self.boundary, self.device = boundary, torch.device(device)
+        self.visual: VisualEncoder | None = None
+
+    def prepare(self, visual: VisualEncoder, calibration: Calibration | None = None) -> None:
+        visual.check_boundary(self.boundary, lowest=1)
+        # A frozen copy: whatever the learner does to its own encoder, this one stays as prepared.
+        self.visual = copy.deepcopy(visual).to(self.device).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def run(self, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:
+        if self.visual is None:
+            raise RuntimeError("prepare() the backend before run()")
+        images = images.to(self.device, non_blocking=True)
+        images = images.float().div_(255) if images.dtype == torch.uint8 else images.float()
+        return self.visual.encode_prefix(images, state.to(self.device, non_blocking=True).float(), self.boundary)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": str(self.device), "precision": "fp32", "boundary": self.boundary}
+
+
+class OnnxRuntimeBackend(EncoderBackend):
+    """The exported prefix (FP32, or A8W8 QDQ) in an ONNX Runtime session on one execution provider."""
+
+    name = "onnxruntime"
+
+    def __init__(self, boundary: int, image_size: tuple[int, int], workdir: Path | str,
+                 provider: str = "CPUExecutionProvider", precision: str = "int8",
+                 quantise: QuantiseConfig = QuantiseConfig(), threads: int | None = None):
+        self.ort = _require_extra()
+        available = self.ort.get_available_providers()
+        if provider not in available:
+            raise UserError(f"ONNX Runtime here has no {provider} (it has {', '.join(available)}); install the "
+                            "onnxruntime build that ships it (e.g. onnxruntime-gpu for CUDAExecutionProvider)")
+        _check_precision(precision)
+        self.boundary, self.image_size, self.workdir = boundary, tuple(image_size), Path(workdir)
+        self.provider, self.precision, self.quantise, self.threads = provider, precision, quantise, threads
+        self.model_path: Path | None = None
+        self.session = None
+
+    def prepare(self, visual: VisualEncoder, calibration: Calibration | None = None) -> None:
+        self.model_path = prefix_model(visual, self.boundary, self.image_size, self.workdir, self.precision,
+                                       self.quantise, calibration)
+        options = self.ort.SessionOptions()
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+        self.session = self.ort.InferenceSession(str(self.model_path), options, providers=[self.provider])
+        if self.provider not in self.session.get_providers():  # ONNX Runtime falls back to CPU with a warning
+            raise UserError(f"ONNX Runtime could not start {self.provider} (see its log above); fix its "
+                            "installation or pick another offload device")
+
+    def run(self, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:
+        if self.session is None:
+            raise RuntimeError("prepare() the backend before run()")
+        outputs = self.session.run(output_names(self.boundary), onnx_inputs(images, state))
+        return [torch.from_numpy(tokens) for tokens in outputs]
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "provider": self.provider, "precision": self.precision,
+                "boundary": self.boundary, "threads": self.threads, "model": str(self.model_path),
+                **({"quantise": dataclasses.asdict(self.quantise)} if self.precision == "int8" else {})}
+
+
+class OpenVinoBackend(EncoderBackend):
+    """The same ONNX file (OpenVINO reads the QDQ pairs as int8) compiled for an OpenVINO device."""
+
+    name = "openvino"
+
+    def __init__(self, boundary: int, image_size: tuple[int, int], workdir: Path | str, device: str = "CPU",
+                 precision: str = "int8", quantise: QuantiseConfig = QuantiseConfig()):
+        if importlib.util.find_spec("openvino") is None:
+            raise UserError(OPENVINO_MISSING)
+        import openvino
+
+        self.core = openvino.Core()
+        if device not in self.core.available_devices:
+            raise UserError(f"OpenVINO here has no device {device} (it has {', '.join(self.core.available_devices)})")
+        _check_precision(precision)
+        self.boundary, self.image_size, self.workdir = boundary, tuple(image_size), Path(workdir)
+        self.device, self.precision, self.quantise = device, precision, quantise
+        self.model_path: Path | None = None
+        self.compiled = None
+
+    def prepare(self, visual: VisualEncoder, calibration: Calibration | None = None) -> None:
+        self.model_path = prefix_model(visual, self.boundary, self.image_size, self.workdir, self.precision,
+                                       self.quantise, calibration)
+        try:
+            self.compiled = self.core.compile_model(str(self.model_path), self.device)
+        except RuntimeError as e:
+            if self.precision == "int8" and not self.quantise.symmetric_activations:
+                # OpenVINO 2026.4's CPU plugin fails on this model's int8 MatMuls with activation zero points.
+                raise UserError(f"OpenVINO cannot compile {self.model_path.name} for {self.device} (int8 activations "
+                                "with zero points); quantise with symmetric activations "
+                                "(QuantiseConfig(symmetric_activations=True))") from e
+            raise
+
+    def run(self, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:
+        if self.compiled is None:
+            raise RuntimeError("prepare() the backend before run()")
+        results = self.compiled(onnx_inputs(images, state))
+        return [torch.from_numpy(np.asarray(results[name])) for name in output_names(self.boundary)]
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": self.device, "precision": self.precision, "boundary": self.boundary,
+                "model": str(self.model_path),
+                **({"quantise": dataclasses.asdict(self.quantise)} if self.precision == "int8" else {})}
+
+
+def prefix_model(visual: VisualEncoder, boundary: int, image_size: tuple[int, int], workdir: Path,
+                 precision: str, quantise: QuantiseConfig, calibration: Calibration | None) -> Path:
+    """The prefix's ONNX file for these settings in `workdir`: reused if there, else exported (and quantised)."""
+    visual.check_boundary(boundary, lowest=1)
+    digest = hashlib.blake2b(repr(tuple(image_size)).encode(), digest_size=5)
+    for key, tensor in visual.state_dict().items():
+        digest.update(f"{key}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    weights = digest.hexdigest()
+    # Every shallower prefix is cut from the deepest one, so one encoder is traced once.
+    deepest = workdir / f"prefix-k{len(visual.layers)}-fp32-{weights}.onnx"
+    if not deepest.is_file():
+        export_prefix(visual, len(visual.layers), *image_size, deepest)
+    fp32 = workdir / f"prefix-k{boundary}-fp32-{weights}.onnx"
+    if not fp32.is_file():
+        cut_prefix(visual, deepest, boundary, fp32)
+    if precision == "fp32":
+        return fp32
+    if calibration is None:
+        raise ValueError("an INT8 backend calibrates on frames: prepare(visual, (images, state))")
+    for frames in calibration:
+        digest.update(np.ascontiguousarray(frames).tobytes())
+    int8 = workdir / f"prefix-k{boundary}-int8-{quantise.tag}-{digest.hexdigest()}.onnx"
+    if not int8.is_file():
+        quantise_prefix(fp32, int8, *calibration, quantise)
+    return int8
+
+
+def make_backend(offload_device: str, boundary: int, image_size: tuple[int, int], workdir: Path | str, *,
+                 precision: str | None = None, quantise: QuantiseConfig = QuantiseConfig(),
+                 threads: int | None = None, learner_device: str | torch.device = "cpu") -> EncoderBackend:
+    """A backend by short name: cpu, cuda (ONNX Runtime's CPU/CUDA providers), ort:<provider>,
+    openvino[:<device>], or torch (FP32 on `learner_device`). precision: int8 (default on the
+    offload devices) or fp32 (torch's only)."""
+    if offload_device == "torch":
+        if precision not in (None, "fp32"):
+            raise UserError(f"the torch backend runs FP32 only, not {precision}; offload to cpu, cuda, ort:<provider> "
+                            "or openvino for INT8")
+        return TorchBackend(boundary, learner_device)
+    precision = precision or "int8"
+    if offload_device == "openvino" or offload_device.startswith("openvino:"):
+        device = offload_device.partition(":")[2] or "CPU"
+        return OpenVinoBackend(boundary, image_size, workdir, device, precision, quantise)
+    if offload_device in ORT_SHORT_NAMES:
+        provider = ORT_SHORT_NAMES[offload_device]
+    elif offload_device.startswith("ort:") and offload_device != "ort:":
+        provider = offload_device.removeprefix("ort:")
+    else:
+        raise UserError(f"offload device {offload_device!r}: choose torch, cpu, cuda, openvino[:<device>] or "
+                        "ort:<ONNX Runtime provider> (`available_offload_devices` lists what this machine has)")
+    return OnnxRuntimeBackend(boundary, image_size, workdir, provider, precision, quantise, threads)
+
+
+def available_offload_devices() -> dict[str, str]:
+    """Each offload device name → "available", or why it is not."""
+    devices = {"torch": "available"}
+    try:
+        providers = _require_extra().get_available_providers()
+    except UserError as e:
+        devices.update({name: str(e) for name in ORT_SHORT_NAMES})
+    else:
+        for name, provider in ORT_SHORT_NAMES.items():
+            devices[name] = "available" if provider in providers else \
+                f"ONNX Runtime here has no {provider} (it has {', '.join(providers)})"
+        devices.update({f"ort:{provider}": "available" for provider in providers})
+    if importlib.util.find_spec("openvino") is None:
+        devices["openvino"] = OPENVINO_MISSING
+    else:
+        import openvino
+
+        devices["openvino"] = "available"
+        devices.update({f"openvino:{device}": "available" for device in openvino.Core().available_devices})
+    return devices
+
+
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise UserError(f"precision {precision!r}: choose int8 or fp32")

@@ -1,0 +1,108 @@
+"""How close the INT8 prefix's tokens stay to the FP32 encoder's, per split boundary.
+
+For each boundary k the prefix is exported, quantised on calibration frames, and run on held-out
+frames; fidelity is the mean over those frames of the cosine similarity between the INT8 tokens
+x_k (the array the learner continues from, flattened per frame) and the FP32 torch encoder's.
+The study calibrates on 48 frames evenly spaced over episodes 0–7, measures on 40 frames evenly
+spaced over the held-out episodes 40–49, and aims for a cosine ≥ 0.9975 at every boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hetlab.aloha.phase_a import load_policy
+from hetlab.aloha.record import CAMERA_KEY
+from hetlab.datasets.lerobot import LeRobotDataset
+from hetlab.errors import UserError
+from hetlab.offload.backends import OnnxRuntimeBackend, TorchBackend
+from hetlab.offload.quantise import QuantiseConfig
+
+CALIBRATION_EPISODES = range(0, 8)
+HELDOUT_EPISODES = range(40, 50)
+CALIBRATION_FRAMES, HELDOUT_FRAMES = 48, 40
+GOAL = 0.9975  # the study's target cosine at every boundary
+RUN_BATCH = 8  # held-out frames per run, so full-size images fit in memory
+
+
+def fidelity(run_dir: Path | str, boundaries: Sequence[int] = (1, 2, 3, 4), dataset: Path | str | None = None,
+             quantise: QuantiseConfig = QuantiseConfig(), provider: str = "CPUExecutionProvider", *,
+             calibration_episodes: Sequence[int] = CALIBRATION_EPISODES,
+             heldout_episodes: Sequence[int] = HELDOUT_EPISODES, threads: int | None = None, progress=None) -> dict[int, float]:
+    """Mean INT8-vs-FP32 cosine of x_k over the held-out frames, for each boundary k of a Phase-A run.
+
+    The quantised models go to RUN_DIR/offload and are reused by later calls with the same settings.
+    `progress` (a rich Progress) shows one step per boundary."""
+    check_held_out(calibration_episodes, heldout_episodes)
+    if not boundaries:
+        raise UserError("no split boundaries given: name at least one of 1..4")
+    model, config = load_policy(Path(run_dir))
+    visual = model.visual
+    for k in boundaries:
+        visual.check_boundary(k, lowest=1)
+    dataset = dataset or config["phase_a"].get("dataset")
+    if dataset is None:
+        raise UserError(f"{run_dir}: the run does not name its dataset; pass the cube-transfer dataset (--dataset)")
+    image_size = tuple(config["image_size"])
+    backends = {k: OnnxRuntimeBackend(k, image_size, Path(run_dir) / "offload", provider, "int8", quantise, threads)
+                for k in boundaries}  # a missing provider fails before any frame is decoded
+    calibration = evenly_spaced_frames(dataset, calibration_episodes, CALIBRATION_FRAMES, image_size)
+    images, state = (torch.from_numpy(x) for x in evenly_spaced_frames(dataset, heldout_episodes, HELDOUT_FRAMES,
+                                                                         image_size))
+    reference = TorchBackend(max(boundaries))
+    reference.prepare(visual)
+    expected = _run_batched(reference, images, state)
+    job = progress.add_task("fidelity", total=len(boundaries)) if progress is not None else None
+    cosines = {}
+    for k, backend in backends.items():
+        backend.prepare(visual, calibration)
+        cosines[k] = mean_cosine(_run_batched(backend, images, state)[k], expected[k])
+        if job is not None:
+            progress.update(job, advance=1, description=f"fidelity k={k}: {cosines[k]:.5f}")
+    return cosines
+
+
+def _run_batched(backend, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:
+    """The backend's token arrays over all frames, RUN_BATCH frames at a time."""
+    parts = [backend.run(images[i:i + RUN_BATCH], state[i:i + RUN_BATCH]) for i in range(0, len(images), RUN_BATCH)]
+    return [torch.cat(arrays) for arrays in zip(*parts)]
+
+
+def check_held_out(calibration_episodes: Sequence[int], heldout_episodes: Sequence[int]) -> None:
+    """Calibration must not see the frames fidelity is measured on."""
+    overlap = sorted(set(calibration_episodes) & set(heldout_episodes))
+    if overlap:
+        raise UserError(f"episode(s) {overlap} are both calibration and held-out episodes; calibrate on others "
+                        f"(the study calibrates on {_span(CALIBRATION_EPISODES)} and holds out "
+                        f"{_span(HELDOUT_EPISODES)})")
+
+
+def evenly_spaced_frames(dataset_root: Path | str, episodes: Sequence[int], count: int,
+                         image_size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """`count` frames evenly spaced over the concatenated frames of `episodes`: images uint8
+    (count, 3, H, W) at `image_size` (the run's training size) and raw state (count, 14)."""
+    frames = LeRobotDataset(dataset_root, list(episodes), image_size=tuple(image_size))
+    if CAMERA_KEY not in frames.video_keys:
+        raise UserError(f"{dataset_root}: the AR-Actor reads the {CAMERA_KEY} camera; this dataset has "
+                        f"{', '.join(frames.video_keys) or 'no cameras'}")
+    if not 1 <= count <= len(frames):
+        raise UserError(f"{dataset_root}: episodes {_span(episodes)} hold {len(frames)} frames; cannot pick {count}")
+    picks = np.linspace(0, len(frames) - 1, count).round().astype(int)
+    images = np.stack([frames[int(i)][CAMERA_KEY].numpy() for i in picks])
+    return images, frames.state[picks].copy()
+
+
+def mean_cosine(tokens: torch.Tensor, reference: torch.Tensor) -> float:
+    """Mean over frames of the cosine similarity of each frame's flattened token array."""
+    cosines = torch.nn.functional.cosine_similarity(tokens.flatten(1).double(), reference.flatten(1).double())
+    return float(cosines.mean())
+
+
+def _span(episodes: Sequence[int]) -> str:
+    episodes = list(episodes)
+    contiguous = episodes == list(range(episodes[0], episodes[-1] + 1)) if episodes else False
+    return f"{episodes[0]}–{episodes[-1]}" if contiguous and len(episodes) > 1 else str(episodes)

@@ -1,0 +1,49 @@
+"""Fidelity of the INT8 prefix on a real (tiny) Phase-A run and recording: frames are picked evenly
+over the chosen episodes, calibration never sees the held-out episodes, and the INT8 tokens stay
+close to the FP32 encoder's at every boundary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hetlab.aloha.phase_a as phase_a
+from hetlab.aloha.phase_a import PhaseAConfig, train_phase_a
+from hetlab.datasets.lerobot import LeRobotDataset
+from hetlab.errors import UserError
+from hetlab.offload.fidelity import (CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames,
+                                     fidelity)
+
+# The tiny run (5 steps) measured cosines 0.99985, 0.99981, 0.99976, 0.99976 at k = 1..4 on the
+# held-out episode; 0.998 leaves ten times that error as margin, and a broken INT8 prefix lands far below.
+INT8_COSINE = 0.998
+
+
+def test_frames_are_evenly_spaced_over_the_episodes(tiny_aloha_dataset):
+    images, state = evenly_spaced_frames(tiny_aloha_dataset, [0, 1], 5, (64, 96))
+    assert images.shape == (5, 3, 64, 96) and images.dtype == np.uint8
+    everything = LeRobotDataset(tiny_aloha_dataset, [0, 1])
+    picks = [0, 30, 60, 89, 119]  # first and last of the 120 frames, the rest evenly between
+    np.testing.assert_array_equal(state, everything.state[picks])
+    np.testing.assert_array_equal(images[2], everything[60]["observation.images.top"].numpy())
+    with pytest.raises(UserError, match=r"episodes 0–1 hold 120 frames; cannot pick 121"):
+        evenly_spaced_frames(tiny_aloha_dataset, [0, 1], 121, (64, 96))
+
+
+def test_calibration_episodes_must_not_be_held_out(tmp_path):
+    check_held_out(CALIBRATION_EPISODES, HELDOUT_EPISODES)
+    message = r"episode\(s\) \[40, 41\] are both calibration and held-out episodes"
+    with pytest.raises(UserError, match=message):
+        check_held_out(range(36, 42), HELDOUT_EPISODES)
+    with pytest.raises(UserError, match=message):  # before anything is loaded
+        fidelity(tmp_path / "no-run", calibration_episodes=range(36, 42))
+
+
+def test_int8_fidelity_of_a_phase_a_run(tiny_aloha_dataset, tmp_path, monkeypatch):
+    monkeypatch.setattr(phase_a, "cpu_count", lambda: 1)  # train_phase_a sizes its torch threads by the cores
+    run = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1",
+                                     runs_dir=tmp_path, steps=5, loader_workers=0))
+    cosines = fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
+    assert sorted(cosines) == [1, 2, 3, 4]
+    assert min(cosines.values()) >= INT8_COSINE, cosines
+    assert len(list((run / "offload").glob("prefix-k*-int8-percentile-99.999-Conv_MatMul-*.onnx"))) == 4
