@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import mujoco
 import numpy as np
 import pytest
 
+from hetlab.aloha.record import RecordConfig, record
 from hetlab.sim.mujoco_batch import MujocoBatchSim
 from hetlab.tasks import TASKS, make_config
 from hetlab.tasks.base import Task
@@ -157,3 +159,18 @@ def random_actions():
         return rng.uniform(-scale, scale, (steps, task.num_envs, task.action_size)).astype(np.float32)
 
     return draw
+
+
+# A real ALOHA cube-transfer dataset, recorded once per session by the real recorder: 2 episodes
+# of 60 frames at 64×96 (64 is AV1's smallest side), seeds 0 and 1. 60 steps end the episodes long
+# before the handover, so the expert "fails" and they are recorded anyway. About 15 s. Rendering
+# picks its headless GL backend itself (hetlab.headless_gl).
+TINY_ALOHA = dict(episodes=2, height=64, width=96, steps=60)
+
+
+@pytest.fixture(scope="session")
+def tiny_aloha_dataset(tmp_path_factory) -> Path:
+    """The dataset directory (read-only by convention: copy it before damaging it)."""
+    out = tmp_path_factory.mktemp("tiny_aloha") / "aloha"
+    record(RecordConfig(out=out, successful_only=False, workers=1, **TINY_ALOHA))
+    return out

@@ -368,27 +368,34 @@ def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class FidelityConfig:
-    run: Path  # a Phase-A run
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]  # a Phase-A run directory
     boundaries: str = "1,2,3,4"  # split boundaries k (encoder layers offloaded)
     quantise: QuantiseConfig = QuantiseConfig()
     provider: str = "CPUExecutionProvider"  # the ONNX Runtime execution provider the INT8 prefix runs on
+    dataset: Path | None = None  # default: the run's Phase-A dataset
+    calibration_episodes: str = "0-7"
+    heldout_episodes: str = "40-49"
+    threads: int | None = None  # ONNX Runtime intra-op threads
     json: bool = False
 
 
 @offload.command(name="fidelity")
 def offload_fidelity(cfg: Annotated[FidelityConfig, tyro.conf.arg(name="")]) -> None:
     """Cosine similarity of the INT8 and FP32 tokens at each split boundary, on held-out frames (goal ≥ 0.9975)."""
-    from hetlab.offload.fidelity import fidelity
+    from hetlab.offload.fidelity import GOAL, fidelity
 
     boundaries = parse_seeds(cfg.boundaries, "--boundaries")
     with Progress(console=err_console, transient=True) as progress:
-        result = fidelity(cfg.run, boundaries, quantise=cfg.quantise, provider=cfg.provider, progress=progress)
+        result = fidelity(cfg.run, boundaries, cfg.dataset, cfg.quantise, cfg.provider,
+                          calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+                          heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"),
+                          threads=cfg.threads, progress=progress)
     if cfg.json:
         _print_json({str(k): v for k, v in result.items()})
         return
-    table = Table("boundary", "cosine (INT8 vs FP32)", "goal ≥ 0.9975", title=f"fidelity, {cfg.quantise.method} calibration")
+    table = Table("boundary", "cosine (INT8 vs FP32)", f"goal ≥ {GOAL}", title=f"fidelity, {cfg.quantise.method} calibration")
     for k, cosine in result.items():
-        table.add_row(f"L{k}", f"{cosine:.5f}", "met" if cosine >= 0.9975 else "[red]missed[/]")
+        table.add_row(f"L{k}", f"{cosine:.5f}", "met" if cosine >= GOAL else "[red]missed[/]")
     console.print(table)
 
 

@@ -58,7 +58,7 @@ def test_bad_seeds_fail_before_any_worker_starts(run, tmp_path, seeds, message):
 
 def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["aloha", "eval", "--run", str(tmp_path), "--seeds", "2000-2001"])
+        main(["aloha", "eval", str(tmp_path), "--seeds", "2000-2001"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "not a run directory" in err and len(err.strip().splitlines()) == 1

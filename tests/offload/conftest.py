@@ -1,5 +1,4 @@
-"""A tiny random-init visual encoder, its prefixes exported once per session, smooth test images,
-and a real ALOHA recording for the end-to-end fidelity test.
+"""A tiny random-init visual encoder, its prefixes exported once per session, and smooth test images.
 
 Exporting one prefix takes seconds, so the four FP32 prefixes are made once, through the backends'
 file cache (`prefix_model`, which calls `export_prefix`), into a session work directory; a test
@@ -86,15 +85,3 @@ def fp32_prefixes(visual, workdir) -> dict[int, Path]:
     with one_torch_thread():
         return {k: prefix_model(visual, k, (HEIGHT, WIDTH), workdir, "fp32", QuantiseConfig(), None)
                 for k in range(1, 5)}
-
-
-@pytest.fixture(scope="session")
-def tiny_aloha_dataset(tmp_path_factory) -> Path:
-    """A real cube-transfer recording: 2 episodes of 60 frames at 64×96, as tests/aloha records it
-    (the expert "fails" on such short episodes, so they are kept anyway). Rendering picks its own
-    headless GL backend (hetlab.headless_gl). About 15 s."""
-    from hetlab.aloha.record import RecordConfig, record
-
-    out = tmp_path_factory.mktemp("tiny_aloha") / "aloha"
-    record(RecordConfig(episodes=2, out=out, height=64, width=96, steps=60, successful_only=False, workers=1))
-    return out

@@ -19,9 +19,11 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
+import tyro
 
 from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
 from hetlab.errors import UserError
@@ -34,7 +36,7 @@ POLL_S = 0.5
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    run: Path  # a trained AR-Actor run directory
+    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]  # a trained AR-Actor run (phase A or B)
     seeds: str = "2000-2299"  # environment seeds: A-B, N, or a,b,c
     workers: int = 0  # episode processes; 0 = one per core
     videos: int = 3  # mp4s of the first K seeds

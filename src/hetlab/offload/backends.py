@@ -146,7 +146,9 @@ class OpenVinoBackend(EncoderBackend):
         self.model_path = prefix_model(visual, self.boundary, self.image_size, self.workdir, self.precision,
                                        self.quantise, calibration)
         try:
-            self.compiled = self.core.compile_model(str(self.model_path), self.device)
+            # OpenVINO's CPU plugin runs float ops in bf16 where the CPU has it unless told not to.
+            config = {"INFERENCE_PRECISION_HINT": "f32"} if self.precision == "fp32" else {}
+            self.compiled = self.core.compile_model(str(self.model_path), self.device, config)
         except RuntimeError as e:
             if self.precision == "int8" and not self.quantise.symmetric_activations:
                 # OpenVINO 2026.4's CPU plugin fails on this model's int8 MatMuls with activation zero points.
