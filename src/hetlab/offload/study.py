@@ -15,8 +15,12 @@ import json
 import multiprocessing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+import tyro
 
 from hetlab.errors import UserError
+from hetlab.offload.fidelity import check_held_out
 from hetlab.offload.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.seeds import parse_seeds
@@ -24,14 +28,18 @@ from hetlab.seeds import parse_seeds
 
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
-    from_run: Path  # the Phase-A run
+    from_run: Annotated[Path, tyro.conf.arg(name="from")]  # the Phase-A run
     conditions: str = ",".join(CONDITIONS)
     seeds: str = "2000,2001,2002"  # training seeds
     steps: int = 30_000  # Phase-B steps per condition and seed
     eval_seeds: str = "2000-2299"
     eval_workers: int = 0  # 0 = one per core
+    eval_max_steps: int = 400  # steps per evaluation episode (the task's 400)
     videos: int = 0  # evaluation videos per condition and seed
     fidelity: bool = True  # INT8-vs-FP32 cosine per offloaded boundary, in the report
+    train_episodes: str = "0-39"
+    calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
+    heldout_episodes: str = "40-49"  # fidelity is measured on these
     offload_device: str = "cpu"
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
     power_interval: float = 1.0
@@ -66,6 +74,8 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
 
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)
     parse_seeds(cfg.eval_seeds, "--eval-seeds")
+    check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+                   parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
     load_run(cfg.from_run)  # a clear error now rather than in the first subprocess
     out = cfg.out or Path(cfg.from_run) / "study"
     out.mkdir(parents=True, exist_ok=True)
@@ -77,6 +87,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
             runs[condition, seed] = run_dir
             if not (run_dir / "summary.json").is_file():
                 phase_b = PhaseBConfig(from_run=Path(cfg.from_run), condition=condition, seed=seed, steps=cfg.steps,
+                                       train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
                                        offload_device=cfg.offload_device, quantise=cfg.quantise,
                                        power_interval=cfg.power_interval, power_command=cfg.power_command,
                                        power_pattern=cfg.power_pattern, power_device=cfg.power_device, out=run_dir)
@@ -87,14 +98,16 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                     raise RuntimeError(f"Phase B {condition} seed {seed} failed (exit code {process.exitcode}); "
                                        f"see the output above; finished conditions are kept in {out}")
             if not (run_dir / "eval" / cfg.eval_seeds.replace(",", "_") / "results.json").is_file():
-                evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos),
-                         progress)
+                evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
+                                    max_steps=cfg.eval_max_steps), progress)
     fidelity = None
     offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
     if cfg.fidelity and offloaded:
         from hetlab.offload.fidelity import fidelity as measure_fidelity
 
-        fidelity = measure_fidelity(Path(cfg.from_run), offloaded, quantise=cfg.quantise)
+        fidelity = measure_fidelity(Path(cfg.from_run), offloaded, quantise=cfg.quantise,
+                                    calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+                                    heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
     study = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
              "runs": {f"{c}-s{s}": str(path) for (c, s), path in runs.items()}, "fidelity": fidelity}
     return write_study_report(out, study, conditions, seeds, cfg.eval_seeds)
