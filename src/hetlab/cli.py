@@ -266,13 +266,16 @@ class AlohaParamsConfig:
 def aloha_params(cfg: Annotated[AlohaParamsConfig, tyro.conf.arg(name="")] = AlohaParamsConfig()) -> None:
     """Parameter counts of the AR-Actor split as the study's Table I: backbone, projection, encoder, action expert."""
     from hetlab.aloha.phase_a import PRESETS
-    from hetlab.policies.ar_actor import ARActor, parameter_split
+    from hetlab.policies.ar_actor import ARActor, encoder_grid, parameter_split
 
-    split = parameter_split(ARActor(PRESETS[cfg.preset].model))
+    preset = PRESETS[cfg.preset]
+    split = parameter_split(ARActor(preset.model))
     if cfg.json:
         _print_json(split)
         return
-    table = Table("part", "parameters", "share", title=f"AR-Actor ({cfg.preset} preset)")
+    rows, cols = encoder_grid(preset.height, preset.width)
+    table = Table("part", "parameters", "share", title=f"AR-Actor ({cfg.preset} preset: {preset.height}×{preset.width} "
+                  f"images → 1 state + {rows}×{cols} image tokens)")
     labels = {"backbone": "ResNet18 backbone", "projection": "image + state projection",
               "encoder": "Transformer encoder layers", "action_expert": "action expert", "total": "total"}
     for key, label in labels.items():
