@@ -70,3 +70,11 @@ def test_bad_input_is_one_line_and_exit_status_2(args, message):
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_aloha_params_prints_the_study_split():
+    split = json.loads(run("aloha", "params", "--json", "--preset", "tiny").stdout)
+    assert list(split) == ["backbone", "projection", "encoder", "action_expert", "total"]
+    assert split["total"] == sum(v for k, v in split.items() if k != "total")
+    table = run("aloha", "params").stdout
+    assert "15×20 image tokens" in table and "51.50 M" in table
