@@ -324,7 +324,7 @@ def test_a_tiny_model_overfits_a_tiny_batch():
     losses = []
     for step in range(200):
         mask = random_history_mask(8, SMALL.chunk, SMALL.max_history_mask, torch.Generator().manual_seed(step))
-        loss = chunk_l1(model(images, state, actions, mask), model.normalise_actions(actions), is_pad)
+        loss = chunk_l1(model(images, state, actions, mask), model.action_expert.normalise(actions), is_pad)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

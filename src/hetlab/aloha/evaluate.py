@@ -75,9 +75,9 @@ class ChunkPolicy:
 
 def load_eval_policy(run_dir: Path):
     """A run's policy as trained: Phase A's whole model, or Phase B's encoder path + new expert."""
-    from hetlab.aloha.phase_a import load_policy, load_run
+    from hetlab.aloha.phase_a import load_policy, read_run_config
 
-    if load_run(run_dir)[0]["phase"] == "B":
+    if read_run_config(run_dir)["phase"] == "B":
         from hetlab.offload.phase_b import load_phase_b_policy
 
         return load_phase_b_policy(run_dir)
@@ -120,10 +120,10 @@ def _worker(run: str, height: int, width: int, replan_every: int, max_steps: int
 
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Evaluate; writes results.json (and videos) and returns it."""
-    from hetlab.aloha.phase_a import load_run
+    from hetlab.aloha.phase_a import read_run_config
 
     seeds = parse_seeds(cfg.seeds)
-    config, _ = load_run(cfg.run)  # checks the run before any process starts
+    config = read_run_config(cfg.run)  # checks the run before any process starts
     if cfg.replan_every < 0 or cfg.replan_every > config["model"]["chunk"]:
         raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
     if cfg.videos < 0:

@@ -154,15 +154,20 @@ def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weig
     return model
 
 
-def load_run(run_dir: Path) -> tuple[dict, dict]:
-    """(config.json, newest checkpoint) of a Phase-A or Phase-B run."""
+def read_run_config(run_dir: Path) -> dict:
+    """config.json of a Phase-A or Phase-B run, without loading its weights."""
     config_path = Path(run_dir) / "config.json"
     if not config_path.is_file():
         raise UserError(f"{run_dir}: not a run directory (no config.json); pass runs/{RUN_KIND}/<timestamp>")
     config = json.loads(config_path.read_text())
     if config.get("kind") != RUN_KIND:
         raise UserError(f"{run_dir}: not an AR-Actor run (kind {config.get('kind')!r})")
-    return config, load_checkpoint(Path(run_dir))
+    return config
+
+
+def load_run(run_dir: Path) -> tuple[dict, dict]:
+    """(config.json, newest checkpoint) of a Phase-A or Phase-B run."""
+    return read_run_config(run_dir), load_checkpoint(Path(run_dir))
 
 
 def load_policy(run_dir: Path) -> tuple[ARActor, dict]:
@@ -249,7 +254,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
                                            step_generator(cfg.seed, step)).to(images.device)
                 with autocast(device, cfg.precision):
                     predicted = forward(images, state_, actions, mask)
-                loss = chunk_l1(predicted.float(), model.normalise_actions(actions), is_pad)
+                loss = chunk_l1(predicted.float(), model.action_expert.normalise(actions), is_pad)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from hetlab.aloha.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
-                                  open_dataset, step_generator)
+                                  open_dataset, read_run_config, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
@@ -131,8 +131,7 @@ class PhaseBPolicy:
             layer_tokens = self.visual(images, state)
         else:
             layer_tokens = self.visual.encode_rest(self.backend.run(images, state), self.boundary)
-        normalised = self.action_expert.generate(layer_tokens, steps)
-        return normalised * self.action_expert.action_std + self.action_expert.action_mean
+        return self.action_expert.unnormalise(self.action_expert.generate(layer_tokens, steps))
 
 
 def load_phase_b_policy(run_dir: Path) -> PhaseBPolicy:
@@ -159,7 +158,7 @@ def _backend(cfg: PhaseBConfig, model: ARActor):
     """The offload backend of an Lk condition; None when the learner runs the whole encoder."""
     if cfg.boundary == 0:
         return None
-    phase_a = load_run(cfg.from_run)[0]
+    phase_a = read_run_config(cfg.from_run)
     image_size = tuple(phase_a["image_size"])
     backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
                            precision=cfg.offload_precision, quantise=cfg.quantise)
@@ -279,9 +278,10 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     torch.manual_seed(dropout_seed(cfg.seed, step))
                     mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
                                                step_generator(cfg.seed, step)).to(torch_device)
+                    target = expert.normalise(actions)
                     with autocast(device, "auto"):
-                        predicted = expert(layer_tokens, (actions - expert.action_mean) / expert.action_std, mask)
-                    loss = chunk_l1(predicted.float(), (actions - expert.action_mean) / expert.action_std, is_pad)
+                        predicted = expert(layer_tokens, target, mask)
+                    loss = chunk_l1(predicted.float(), target, is_pad)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(expert.parameters(), cfg.grad_clip)

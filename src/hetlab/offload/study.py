@@ -69,14 +69,14 @@ def _train(cfg: PhaseBConfig) -> None:
 def run_study(cfg: StudyConfig, progress=None) -> Path:
     """Train, evaluate, report; returns the path of report.md."""
     from hetlab.aloha.evaluate import EvalConfig, evaluate
-    from hetlab.aloha.phase_a import load_run
+    from hetlab.aloha.phase_a import read_run_config
     from hetlab.measure.study_report import write_study_report
 
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)
     parse_seeds(cfg.eval_seeds, "--eval-seeds")
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
                    parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
-    load_run(cfg.from_run)  # a clear error now rather than in the first subprocess
+    read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
     out = cfg.out or Path(cfg.from_run) / "study"
     out.mkdir(parents=True, exist_ok=True)
     context = multiprocessing.get_context("spawn")

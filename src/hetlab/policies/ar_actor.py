@@ -204,6 +204,12 @@ class ActionExpert(nn.Module):
         self.register_buffer("action_mean", torch.zeros(cfg.action_dim))
         self.register_buffer("action_std", torch.ones(cfg.action_dim))
 
+    def normalise(self, actions: torch.Tensor) -> torch.Tensor:
+        return (actions - self.action_mean) / self.action_std
+
+    def unnormalise(self, actions: torch.Tensor) -> torch.Tensor:
+        return actions * self.action_std + self.action_mean
+
     def memories(self, layer_tokens: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if len(layer_tokens) != len(self.layers):
             raise ValueError(f"the action expert reads {len(self.layers)} encoder layers, got {len(layer_tokens)}")
@@ -268,21 +274,15 @@ class ARActor(nn.Module):
         self.visual.state_std.clamp_(min=floor)
         self.action_expert.action_std.clamp_(min=floor)
 
-    def normalise_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        return (actions - self.action_expert.action_mean) / self.action_expert.action_std
-
-    def unnormalise_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        return actions * self.action_expert.action_std + self.action_expert.action_mean
-
     def forward(self, images: torch.Tensor, state: torch.Tensor, actions: torch.Tensor,
                 history_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised chunk predicted from raw images [0, 1], raw state and raw teacher actions."""
-        return self.action_expert(self.visual(images, state), self.normalise_actions(actions), history_mask)
+        return self.action_expert(self.visual(images, state), self.action_expert.normalise(actions), history_mask)
 
     @torch.no_grad()
     def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None) -> torch.Tensor:
         """Raw action chunk (B, steps, action_dim) for raw images [0, 1] and raw state."""
-        return self.unnormalise_actions(self.action_expert.generate(self.visual(images, state), steps))
+        return self.action_expert.unnormalise(self.action_expert.generate(self.visual(images, state), steps))
 
 
 def chunk_l1(predicted: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor) -> torch.Tensor:
