@@ -274,10 +274,7 @@ def train(cfg: TrainConfig) -> Path:
                 stopped_by = "max_seconds"
                 break
             with learner.span("wait_data"):
-                staged = None
-                while staged is None and not interrupted.is_set():
-                    check_collectors(processes, errors)
-                    staged = stager.next(timeout=FAILURE_POLL_S)
+                staged = next_staged(stager, processes, errors, interrupted)
             if interrupted.is_set():
                 stopped_by = "interrupted"
                 console.print("[yellow]interrupted: stopping after a final checkpoint[/]")
@@ -317,6 +314,18 @@ def train(cfg: TrainConfig) -> Path:
         _checkpoint(run_dir, iteration, algo, collector_states, sync)
     finish(run_dir, cfg, history, timeline, wall, stopped_by, len(history) * cfg.horizon * cfg.envs)
     return run_dir
+
+
+def next_staged(stager, processes, errors, interrupted, check=None):
+    """The stager's next batch, or None once interrupted; polls so a failed collector (or
+    whatever `check` raises for) stops the wait within FAILURE_POLL_S."""
+    staged = None
+    while staged is None and not interrupted.is_set():
+        check_collectors(processes, errors)
+        if check is not None:
+            check()
+        staged = stager.next(timeout=FAILURE_POLL_S)
+    return staged
 
 
 def check_collectors(processes, errors) -> None:

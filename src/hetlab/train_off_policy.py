@@ -37,14 +37,13 @@ from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
 
 console = Console()
-FAILURE_POLL_S = 0.25
 
 
 def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
                      physics_threads: int) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    from hetlab.train import check_collectors, finish, join_collectors, log_row, mean
+    from hetlab.train import finish, join_collectors, log_row, mean, next_staged
 
     algo_cfg = cfg.algo_config
     task = task_class(cfg.task)
@@ -124,12 +123,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 stopped_by = "max_seconds"
                 break
             with learner.span("wait_data"):
-                staged = None
-                while staged is None and not interrupted.is_set():
-                    check_collectors(processes, errors)
-                    if server is not None and server.error is not None:
-                        raise RuntimeError("the inference server failed") from server.error
-                    staged = stager.next(timeout=FAILURE_POLL_S)
+                staged = next_staged(stager, processes, errors, interrupted,
+                                     check=server.raise_if_failed if server is not None else None)
             if interrupted.is_set():
                 stopped_by = "interrupted"
                 console.print("[yellow]interrupted: stopping after a final checkpoint[/]")

@@ -116,6 +116,11 @@ class InferenceServer:
         except BaseException as error:
             self.error = error
 
+    def raise_if_failed(self) -> None:
+        """The serving thread's failure, raised in the caller (the learner's wait loop)."""
+        if self.error is not None:
+            raise RuntimeError("the inference server failed") from self.error
+
     def close(self) -> None:
         if self._closed:
             return
