@@ -30,7 +30,7 @@ import torch
 
 from hetlab.algos import ALGOS
 from hetlab.tasks import task_class
-from hetlab.train import ALGO_CONFIGS
+from hetlab.algos import ALGOS
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--task", default="go1-joystick-flat")
@@ -44,7 +44,7 @@ task = task_class(args.task)
 
 
 def learner_alone(algo_name: str) -> float:
-    cfg = ALGO_CONFIGS[algo_name]()
+    cfg = ALGOS[algo_name].Config()
     algo = ALGOS[algo_name](task.obs_sizes, task.action_size, cfg, torch.device("cpu"))
     b, p, c, a = cfg.batch_size, task.obs_sizes["policy"], task.obs_sizes["critic"], task.action_size
     batch = {"policy_obs": torch.randn(b, p), "critic_obs": torch.randn(b, c), "actions": torch.rand(b, a) * 2 - 1,
@@ -59,7 +59,7 @@ def learner_alone(algo_name: str) -> float:
 
 
 def in_runtime(algo_name: str, inference: str) -> dict:
-    utd = ALGO_CONFIGS[algo_name]().updates_per_step
+    utd = ALGOS[algo_name].Config().updates_per_step
     horizon = max(1, round(8 / utd))  # ~8 updates per logged iteration
     hetlab = Path(sys.executable).with_name("hetlab")
     with tempfile.TemporaryDirectory() as runs:
@@ -112,7 +112,7 @@ print(f"| {args.task}, {args.envs} envs | batch | updates/step | learner alone u
       "| runtime ÷ alone | env steps/s | learner idle |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for name in args.algos:
-    cfg, rows = ALGO_CONFIGS[name](), runtime[f"{name}/collector"]
+    cfg, rows = ALGOS[name].Config(), runtime[f"{name}/collector"]
     updates = median(rows, "updates_per_s")
     print(f"| {name} | {cfg.batch_size} | {cfg.updates_per_step:g} | {statistics.median(alone[name]):.1f} | {updates:.1f} "
           f"| {updates / statistics.median(alone[name]):.2f} | {median(rows, 'env_steps_per_s'):,.0f} "

@@ -1,8 +1,7 @@
 """Shared fixtures: small scenes, and sims built on every BatchSim backend.
 
-A second physics backend is one entry in `SIM_BACKENDS`: a function with the signature
-`(model, num_envs, *, threads, seed, keyframe) -> BatchSim`. Every test that takes the
-`backend` fixture (or `make_sim`) then runs once per backend.
+Every test that takes the `backend` fixture (or `make_sim`) runs once per backend registered
+in `hetlab.sim.SIMS`.
 """
 
 from __future__ import annotations
@@ -16,19 +15,13 @@ import numpy as np
 import pytest
 
 from hetlab.aloha.record import RecordConfig, record
-from hetlab.sim.mujoco_batch import MujocoBatchSim
+from hetlab.sim import SIMS
 from hetlab.tasks import TASKS, make_config
 from hetlab.tasks.base import Task
 from hetlab.tasks.cartpole import CartpoleBalance
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
 
-SimFactory = Callable[..., object]
-
-SIM_BACKENDS: dict[str, SimFactory] = {
-    "mujoco_batch": lambda model, num_envs, *, threads=1, seed=0, keyframe=None: MujocoBatchSim(
-        model, num_envs, threads=threads, seed=seed, keyframe=keyframe
-    ),
-}
+SimFactory = Callable[..., object]  # (model, num_envs, *, threads, seed, keyframe) -> BatchSim
 
 # A model with every joint type (free, slide, hinge, ball), two kinds of actuator, sensors
 # of three widths and a keyframe whose state and controls all differ from the defaults, so a
@@ -119,10 +112,10 @@ def scene(request) -> Scene:
     return request.getfixturevalue(f"{request.param}_scene")
 
 
-@pytest.fixture(params=sorted(SIM_BACKENDS))
+@pytest.fixture(params=sorted(SIMS))
 def backend(request) -> SimFactory:
     """Each BatchSim backend's constructor in turn."""
-    return SIM_BACKENDS[request.param]
+    return SIMS[request.param].make
 
 
 @pytest.fixture

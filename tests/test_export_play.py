@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from hetlab.errors import UserError
-from hetlab.export import export_onnx
-from hetlab.play import play
-from hetlab.trained_policy import load_policy
+from hetlab.deploy.export import export_onnx
+from hetlab.deploy.play import play
+from hetlab.deploy.policy import load_policy
 from hetlab.tasks import make_task
 
 HETLAB = str(Path(sys.executable).with_name("hetlab"))

@@ -89,7 +89,34 @@ def test_sync_resume_is_exact(tmp_path):
     assert weights and a.keys() == b.keys()
     for key in weights:
         assert (a[key] == b[key]).all(), key
-    assert json.loads((resumed / "summary.json").read_text())["iterations"] == 3  # this session's
+    # The record spans both sessions: nothing the first one wrote is lost.
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["iterations"] == 6 and summary["env_steps"] == 6 * 16 * 8
+    assert [s["iterations"] for s in summary["sessions"]] == [3, 3]
+    assert [s["first_iteration"] for s in summary["sessions"]] == [0, 3]
+    history = json.loads((resumed / "history.json").read_text())
+    assert [row["iteration"] for row in history] == list(range(6))
+    walls = [row["wall_seconds"] for row in history]
+    assert walls == sorted(walls)  # the second session's clock goes on from the first's
+    events = [e for e in json.loads((resumed / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    updates = sorted(e["ts"] for e in events if e["name"] == "update")
+    assert len(updates) == 6  # three learner updates of each session, one after the other
+
+
+def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path):
+    common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_NETS]
+    run_dir, _ = train(tmp_path, *common, "--max-iterations", "2")
+    before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "history.json", "trace.json")}
+    for args, message in [
+        (["--max-iterations", "2"], "has already trained 2 iterations; pass --max-iterations above 2"),
+        (["--max-iterations", "4", "--envs", "32"], "--envs asks for 32 where the run has 16"),
+        (["--max-iterations", "4", "--ppo.learning-rate", "0.5"], "--ppo.learning-rate asks for 0.5 where the run has 0.001"),
+    ]:
+        result = subprocess.run([HETLAB, "train", "--resume", str(run_dir), *args], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
 def _child_pids(pid: int) -> list[int]:
@@ -231,12 +258,13 @@ def test_off_policy_resume_refills_the_replay_buffer(tmp_path):
     saved_steps = json.loads((saved / "history.json").read_text())[-1]["env_steps"]
     resumed, _ = train(tmp_path, "--resume", str(saved), "--max-iterations", "6")
     history = json.loads((resumed / "history.json").read_text())
+    assert [row["iteration"] for row in history] == list(range(6))  # the first session's rows are kept
     # The buffer came back: collection goes on from where it was, with no new random warm-up.
-    assert history[0]["iteration"] == 4 and history[0]["env_steps"] >= saved_steps
+    assert history[4]["env_steps"] >= saved_steps
     assert json.loads((resumed / "summary.json").read_text())["updates"] == 6 * 8
 
     unsaved, _ = train(tmp_path, *args, "--max-iterations", "4")
     assert not (unsaved / "checkpoints" / "0000004" / "replay").exists()
     restarted, _ = train(tmp_path, "--resume", str(unsaved), "--max-iterations", "5")
-    first = json.loads((restarted / "history.json").read_text())[0]
+    first = json.loads((restarted / "history.json").read_text())[4]
     assert first["iteration"] == 4 and first["env_steps"] < saved_steps  # an empty buffer, filled afresh

@@ -1,6 +1,6 @@
 """SAC, TD3, FastSAC and FlashSAC learn cartpole-balance through the real off-policy runtime.
 
-Each test calls `hetlab.train.train` in-process, so everything a real run uses takes part: the
+Each test calls `hetlab.train.launch.train` in-process, so everything a real run uses takes part: the
 spawned transition collector, the shared-memory replay buffer with its commit handshake, the
 sample-before-transfer stager with its n-step returns and bootstrap factors, the update-to-data
 ratio kept from both sides, and the weight broadcast back to the collector's actor copy.
@@ -33,7 +33,8 @@ from hetlab.algos.fastsac import FastSACConfig
 from hetlab.algos.flashsac import FlashSACConfig
 from hetlab.algos.sac import SACConfig
 from hetlab.algos.td3 import TD3Config
-from hetlab.train import OffPolicyConfig, TrainConfig, train
+from hetlab.train.config import AlgoConfigs, OffPolicyConfig, TrainConfig
+from hetlab.train.launch import train
 
 ENVS = 32
 HORIZON = 50
@@ -101,7 +102,7 @@ def test_off_policy_algorithm_learns_to_balance_cartpole_through_the_runtime(tmp
         algo=algo, task="cartpole-balance", envs=ENVS, collectors=1, horizon=HORIZON,
         max_iterations=case.iterations, seed=0, checkpoint_every=10_000, runs_dir=str(tmp_path / "runs"),
         off_policy=OffPolicyConfig(replay_capacity=100_000, inference="collector"),
-        **{algo: case.config},
+        algos=AlgoConfigs(**{algo: case.config}),
     )
     run_dir = train(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -5,10 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import re
 import sys
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,17 +22,17 @@ from tyro.extras import SubcommandApp
 
 import hetlab
 # tyro reads these configs' fields to build the `hetlab aloha` commands.
-from hetlab.aloha.evaluate import EvalConfig
+from hetlab.imitation.evaluate import EvalConfig
 from hetlab.aloha.record import RecordConfig
 from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
+from hetlab.extras import installed_extras
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.offload.study import StudyConfig
 from hetlab.seeds import parse_seeds
 from hetlab.tasks import TASKS, make_config
-from hetlab.train import TrainConfig
-from hetlab.train import train as run_training
+from hetlab.train.config import TrainConfig
 
 app = SubcommandApp()
 bench = SubcommandApp()
@@ -47,28 +45,6 @@ err_console = Console(stderr=True)
 
 def _print_json(payload: dict | list) -> None:
     print(json.dumps(payload, indent=2))
-
-
-def installed_extras() -> dict[str, bool]:
-    """Each optional extra of hetlab, and whether everything it needs is installed."""
-    meta = metadata.metadata("hetlab")
-    extras = {}
-    for extra in meta.get_all("Provides-Extra") or []:
-        needs = [
-            re.split(r"[\s;<>=!~\[]", req, maxsplit=1)[0]
-            for req in meta.get_all("Requires-Dist") or []
-            if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", req)
-        ]
-        extras[extra] = all(_installed(name) for name in needs if name != "hetlab")
-    return extras
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        metadata.version(distribution)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -152,7 +128,7 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
 @bench.command(name="sim")
 def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchConfig()) -> None:
     """Physics substeps/s vs task env-steps/s, and the task_efficiency between them."""
-    make_config(cfg.task, num_envs=cfg.envs, threads=cfg.threads)  # bad input fails before any work
+    make_config(cfg.task, num_envs=cfg.envs, sim=cfg.sim, threads=cfg.threads)  # bad input fails before any work
     with Progress(console=err_console, transient=True) as progress:
         result = run_sim_bench(cfg, progress)
     if cfg.json:
@@ -172,6 +148,8 @@ def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchC
 @app.command(name="train")
 def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -> None:
     """Train a policy: CPU collectors feed a learner on the best device (prints the run directory first)."""
+    from hetlab.train.launch import train as run_training
+
     run_training(cfg)
 
 
@@ -184,7 +162,7 @@ class ExportConfig:
 @app.command(name="export")
 def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
     """Export a run's latest policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
-    from hetlab.export import export_onnx
+    from hetlab.deploy.export import export_onnx
 
     print(export_onnx(cfg.run_dir, cfg.out))
 
@@ -203,7 +181,7 @@ class PlayConfig:
 @app.command(name="play")
 def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
     """Record an mp4 of a run's latest policy acting deterministically in one env (headless GL)."""
-    from hetlab.play import play as record
+    from hetlab.deploy.play import play as record
 
     result = record(cfg.run_dir, cfg.video or cfg.run_dir / "play.mp4", cfg.seconds, cfg.width, cfg.height, cfg.seed)
     if cfg.json:
@@ -265,7 +243,7 @@ class AlohaParamsConfig:
 @aloha.command(name="params")
 def aloha_params(cfg: Annotated[AlohaParamsConfig, tyro.conf.arg(name="")] = AlohaParamsConfig()) -> None:
     """Parameter counts of the AR-Actor split as the study's Table I: backbone, projection, encoder, action expert."""
-    from hetlab.aloha.phase_a import PRESETS
+    from hetlab.imitation.phase_a import PRESETS
     from hetlab.policies.ar_actor import ARActor, encoder_grid, parameter_split
 
     preset = PRESETS[cfg.preset]
@@ -333,7 +311,7 @@ class AlohaTrainConfig:
 def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> None:
     """Train the AR-Actor: --phase A (whole policy on a dataset) or --phase B (new action expert on a frozen Phase-A encoder)."""
     if cfg.phase == "A":
-        from hetlab.aloha.phase_a import PhaseAConfig, read_history, train_phase_a
+        from hetlab.imitation.phase_a import PhaseAConfig, read_history, train_phase_a
 
         run_dir = train_phase_a(cfg.phase_config(PhaseAConfig))
         history = read_history(run_dir)
@@ -341,7 +319,7 @@ def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> Non
             console.print(f"{run_dir}: step {history[-1]['step']}, loss {history[0]['loss']:.4f} → "
                           f"{history[-1]['loss']:.4f}", highlight=False, soft_wrap=True)
         return
-    from hetlab.offload.phase_b import PhaseBConfig, train_phase_b
+    from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
     if cfg.from_run is None:
         raise UserError("--phase B needs --from RUN: the Phase-A run whose visual encoder it freezes")
@@ -357,7 +335,7 @@ def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
     """Closed-loop success rate of a trained policy over environment seeds (Wilson 95 % interval)."""
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from hetlab.aloha.evaluate import evaluate
+    from hetlab.imitation.evaluate import evaluate
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=err_console)

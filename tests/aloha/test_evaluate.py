@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from hetlab.aloha.evaluate import EvalConfig, evaluate, wilson_interval
-from hetlab.aloha.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.evaluate import EvalConfig, evaluate
+from hetlab.measure.stats import wilson_interval
+from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.cli import main
 from hetlab.errors import UserError
 

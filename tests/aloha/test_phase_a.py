@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-import hetlab.aloha.phase_a as phase_a
-from hetlab.aloha.phase_a import (PRESETS, PhaseAConfig, batch_indices, load_policy, load_weights, read_history,
+import hetlab.imitation.phase_a as phase_a
+from hetlab.imitation.phase_a import (PRESETS, PhaseAConfig, batch_indices, load_policy, load_weights, read_history,
                                   train_phase_a)
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter

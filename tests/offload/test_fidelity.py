@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import hetlab.aloha.phase_a as phase_a
-from hetlab.aloha.phase_a import PhaseAConfig, train_phase_a
+import hetlab.imitation.phase_a as phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.offload.fidelity import (CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames,

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetlab.aloha.phase_a import PhaseAConfig, batch_indices, open_dataset, train_phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, batch_indices, open_dataset, train_phase_a
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
 from hetlab.errors import UserError
 from hetlab.offload.feature_cache import FeatureCache
-from hetlab.offload.phase_b import PhaseBConfig, frozen_encoder, new_action_expert, train_phase_b
+from hetlab.imitation.phase_b import PhaseBConfig, frozen_encoder, new_action_expert, train_phase_b
 
 STEPS = 4
 

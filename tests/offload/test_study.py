@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetlab.aloha.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.errors import UserError
 from hetlab.offload.study import StudyConfig, run_study
 

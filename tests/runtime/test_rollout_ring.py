@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from hetlab.errors import UserError
-from hetlab.runtime.rollout_ring import ALIGN, RolloutLayout, RolloutRing
+from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
+from hetlab.runtime.shm import ALIGN
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="inspects /dev/shm (Linux)")
 

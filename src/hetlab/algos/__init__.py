@@ -1,4 +1,10 @@
-"""Algorithm registry: names → algorithm classes."""
+"""Algorithm registry: names → algorithm classes.
+
+An algorithm is one file holding a class with `name`, `Config` (its options: a frozen
+dataclass, which becomes the `--<name>.*` options of `hetlab train`), `off_policy` (which
+training loop feeds it), `actor`, `update(batch) -> metrics`, `state_dict()` and
+`load_state_dict()`. Adding one is that file and its entry below.
+"""
 
 from hetlab.algos.appo import APPO
 from hetlab.algos.fastsac import FastSAC
@@ -7,4 +13,4 @@ from hetlab.algos.ppo import PPO
 from hetlab.algos.sac import SAC
 from hetlab.algos.td3 import TD3
 
-ALGOS = {"ppo": PPO, "appo": APPO, "sac": SAC, "td3": TD3, "fastsac": FastSAC, "flashsac": FlashSAC}
+ALGOS = {algo.name: algo for algo in (PPO, APPO, SAC, TD3, FastSAC, FlashSAC)}

@@ -71,6 +71,8 @@ class APPOConfig:
 
 class APPO:
     name = "appo"
+    off_policy = False  # fed rollouts by the on-policy loop (hetlab.train.on_policy)
+    default_mode = "async"  # collectors run ahead; V-trace corrects for the policy lag
     Config = APPOConfig
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: APPOConfig, device: torch.device,

@@ -98,6 +98,7 @@ class FastSACConfig:
 
 class FastSAC:
     name = "fastsac"
+    off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = FastSACConfig
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: FastSACConfig, device: torch.device,

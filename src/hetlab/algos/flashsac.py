@@ -275,6 +275,7 @@ class FlashSACCritic(nn.Module):
 
 class FlashSAC:
     name = "flashsac"
+    off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = FlashSACConfig
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: FlashSACConfig, device: torch.device,

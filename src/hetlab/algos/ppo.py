@@ -65,6 +65,8 @@ class PPOConfig:
 
 class PPO:
     name = "ppo"
+    off_policy = False  # fed rollouts by the on-policy loop (hetlab.train.on_policy)
+    default_mode = "sync"  # collect → learn → collect: every rollout from the newest weights
     Config = PPOConfig
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: PPOConfig, device: torch.device,

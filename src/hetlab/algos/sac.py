@@ -84,6 +84,7 @@ class SACConfig:
 
 class SAC:
     name = "sac"
+    off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = SACConfig
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: SACConfig, device: torch.device,

@@ -74,6 +74,7 @@ class TD3Config:
 
 class TD3:
     name = "td3"
+    off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = TD3Config
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: TD3Config, device: torch.device,

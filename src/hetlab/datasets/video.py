@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hetlab.errors import UserError
+from hetlab.extras import require
 
 ENCODER = "libsvtav1"
 CODEC_NAME = "av1"
@@ -27,12 +28,7 @@ MAX_READ_AHEAD = 8
 
 
 def require_av():
-    try:
-        import av
-    except ImportError as e:
-        raise UserError("LeRobot datasets store camera frames as video, which needs PyAV: "
-                        "pip install 'hetlab[video]'") from e
-    return av
+    return require("video", "av", "LeRobot datasets store camera frames as video, which")
 
 
 def encode_video(frames: np.ndarray, path: Path, fps: int) -> None:

@@ -1,8 +1,8 @@
-"""How much of an env step is physics: a task's env-steps/s against plain `mujoco.batch` stepping.
+"""How much of an env step is physics: a task's env-steps/s against its backend's bare stepping.
 
 Both loops run the same compiled model, with the same envs, substeps and threads, in
 alternating rounds so that drift of a shared machine hits both alike. The plain loop
-only calls `Batch.step`; the task loop runs the whole MDP (actions → PD targets →
+only steps the physics (for MuJoCo, `Batch.step`); the task loop runs the whole MDP (actions → PD targets →
 physics → rewards → terminations → observations → auto-reset) on fixed random actions.
 
     task_efficiency = env_steps/s × substeps ÷ physics_substeps/s
@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 
 import mujoco
-import mujoco.batch
 import numpy as np
 from rich.progress import Progress
 
 from hetlab.errors import UserError
+from hetlab.sim import sim_backend
 from hetlab.tasks import make_task
 
 
@@ -30,6 +30,7 @@ class SimBenchConfig:
     """Measure physics substeps/s and task env-steps/s for one task."""
 
     task: str = "go1-joystick-flat"
+    sim: str = "mujoco"  # physics backend
     envs: int = 1024
     seconds: float = 10.0  # total measuring time, split over the rounds and both loops
     threads: int = 0  # physics threads; 0 = every core
@@ -50,18 +51,16 @@ def _rate(step, units_per_call: int, seconds: float) -> float:
 def run_sim_bench(cfg: SimBenchConfig, progress: Progress | None = None) -> dict:
     if cfg.seconds <= 0 or cfg.rounds < 1:
         raise UserError(f"--seconds must be > 0 and --rounds ≥ 1, got {cfg.seconds} and {cfg.rounds}")
-    task = make_task(cfg.task, num_envs=cfg.envs, threads=cfg.threads, seed=0)
+    task = make_task(cfg.task, num_envs=cfg.envs, sim=cfg.sim, threads=cfg.threads, seed=0)
     task.reset()
     threads = task.sim.threads
-    model = task.sim.model
-    plain = mujoco.batch.Batch(model, cfg.envs, nthread=threads)
-    keyframe = -1 if task.keyframe is None else model.key(task.keyframe).id
-    plain.reset(keyframe=keyframe)  # standing still on its keyframe controls
+    # Standing still on its keyframe controls.
+    plain = sim_backend(cfg.sim).bare_physics(task.build_model(task.cfg), cfg.envs, threads, task.keyframe)
     actions = np.random.default_rng(0).uniform(-1, 1, (16, cfg.envs, task.action_size)).astype(np.float32)
     substeps = task.substeps
 
     def physics_step(i: int) -> None:
-        plain.step(nstep=substeps)
+        plain(substeps)
 
     def task_step(i: int) -> None:
         task.step(actions[i % len(actions)])
@@ -78,6 +77,7 @@ def run_sim_bench(cfg: SimBenchConfig, progress: Progress | None = None) -> dict
     efficiency = [e * substeps / p for e, p in zip(env, physics)]
     return {
         "task": cfg.task,
+        "sim": cfg.sim,
         "envs": cfg.envs,
         "threads": threads,
         "substeps": substeps,

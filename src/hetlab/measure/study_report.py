@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean as mean
 
-from hetlab.aloha.evaluate import wilson_interval
+from hetlab.measure.stats import wilson_interval
 from hetlab.devices import pick_device
 from hetlab.errors import UserError
 from hetlab.files import atomic_path, write_text_atomic

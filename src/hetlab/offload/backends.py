@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from hetlab.errors import UserError
-from hetlab.export import _require_extra
+from hetlab.onnx_export import require_onnx_runtime
 from hetlab.offload.export import cut_prefix, export_prefix, onnx_inputs, output_names
 from hetlab.offload.quantise import QuantiseConfig, quantise_prefix
 from hetlab.policies.ar_actor import VisualEncoder
@@ -88,7 +88,7 @@ class OnnxRuntimeBackend(EncoderBackend):
     def __init__(self, boundary: int, image_size: tuple[int, int], workdir: Path | str,
                  provider: str = "CPUExecutionProvider", precision: str = "int8",
                  quantise: QuantiseConfig = QuantiseConfig(), threads: int | None = None):
-        self.ort = _require_extra()
+        self.ort = require_onnx_runtime()
         available = self.ort.get_available_providers()
         if provider not in available:
             raise UserError(f"ONNX Runtime here has no {provider} (it has {', '.join(available)}); install the "
@@ -226,7 +226,7 @@ def available_offload_devices() -> dict[str, str]:
     """Each offload device name → "available", or why it is not."""
     devices = {"torch": "available"}
     try:
-        providers = _require_extra().get_available_providers()
+        providers = require_onnx_runtime().get_available_providers()
     except UserError as e:
         devices.update({name: str(e) for name in ORT_SHORT_NAMES})
     else:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetlab.export import _quiet_exporter, _require_extra
+from hetlab.onnx_export import quiet_exporter, require_onnx_runtime
 from hetlab.files import atomic_path
 from hetlab.policies.ar_actor import VisualEncoder
 
@@ -32,13 +32,13 @@ PARITY_BATCH = 3  # not the traced batch of 2, so the check also proves the batc
 def export_prefix(visual: VisualEncoder, k: int, height: int, width: int, path: Path | str) -> Path:
     """Write the prefix before boundary k (1..L) for height×width images to `path`; return it."""
     visual.check_boundary(k, lowest=1)
-    ort = _require_extra()
+    ort = require_onnx_runtime()
     prefix = Prefix.of(visual, k)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch")
     example = (torch.rand(2, 3, height, width), prefix.visual.state_mean.expand(2, -1).clone())
-    with atomic_path(path) as tmp, _quiet_exporter(), warnings.catch_warnings():
+    with atomic_path(path) as tmp, quiet_exporter(), warnings.catch_warnings():
         # Both inputs share the one batch Dim; the exporter notes that the name is used once.
         warnings.filterwarnings("ignore", message=".*axis name.*will not be used", category=UserWarning)
         torch.onnx.export(prefix, example, tmp, dynamo=True, external_data=False, verbose=False,
@@ -54,7 +54,7 @@ def cut_prefix(visual: VisualEncoder, source: Path | str, k: int, path: Path | s
     import onnx.utils
 
     visual.check_boundary(k, lowest=1)
-    ort = _require_extra()
+    ort = require_onnx_runtime()
     model = onnx.load(str(source))
     available = [output.name for output in model.graph.output]
     if output_names(k)[-1] not in available:

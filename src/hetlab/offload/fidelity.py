@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetlab.aloha.phase_a import load_policy
+from hetlab.imitation.phase_a import load_policy
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError

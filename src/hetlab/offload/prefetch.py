@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from hetlab.runtime.timeline import SpanRecorder
+from hetlab.measure.timeline import SpanRecorder
 
 
 @dataclass

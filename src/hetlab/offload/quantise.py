@@ -21,7 +21,7 @@ from typing import Literal
 import numpy as np
 
 from hetlab.errors import UserError
-from hetlab.export import _require_extra
+from hetlab.onnx_export import require_onnx_runtime
 from hetlab.files import atomic_path
 from hetlab.offload.export import onnx_inputs
 
@@ -61,7 +61,7 @@ class QuantiseConfig:
 def quantise_prefix(fp32_path: Path | str, int8_path: Path | str, images: np.ndarray, state: np.ndarray,
                     cfg: QuantiseConfig = QuantiseConfig()) -> Path:
     """Write the A8W8 QDQ model of `fp32_path` calibrated on (images, state) to `int8_path`."""
-    _require_extra()
+    require_onnx_runtime()
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 

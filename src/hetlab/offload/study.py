@@ -21,7 +21,7 @@ import tyro
 
 from hetlab.errors import UserError
 from hetlab.offload.fidelity import check_held_out
-from hetlab.offload.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
+from hetlab.imitation.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.seeds import parse_seeds
 
@@ -68,8 +68,8 @@ def _train(cfg: PhaseBConfig) -> None:
 
 def run_study(cfg: StudyConfig, progress=None) -> Path:
     """Train, evaluate, report; returns the path of report.md."""
-    from hetlab.aloha.evaluate import EvalConfig, evaluate
-    from hetlab.aloha.phase_a import read_run_config
+    from hetlab.imitation.evaluate import EvalConfig, evaluate
+    from hetlab.imitation.phase_a import read_run_config
     from hetlab.measure.study_report import write_study_report
 
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)

@@ -304,7 +304,9 @@ def parameter_split(model: ARActor) -> dict[str, int]:
         "action_expert": count(model.action_expert),
     }
     split["total"] = sum(split.values())
-    assert split["total"] == count(model)
+    if split["total"] != count(model):
+        raise RuntimeError(f"the split counts {split['total']:,} parameters of the model's {count(model):,}; "
+                           "a module of the AR-Actor is missing from it")
     return split
 
 

@@ -11,14 +11,14 @@ it, acting uniformly at random for the first `learning_starts` steps and then wi
 policy: its own CPU actor copy kept current from the weight broadcast (`LocalPolicy`), or
 the learner's device through `hetlab.runtime.inference_server`. It keeps the update-to-data
 ratio from the other side: it waits while it is more than `lead` steps ahead of the learner.
+
+Both run in a process of the collector pool (`hetlab.runtime.pool`), which reports their
+exceptions and hands them the `stop` signal they poll.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
 import time
-import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,7 @@ import torch
 
 from hetlab.runtime.replay import ReplayBuffer
 from hetlab.runtime.rollout_ring import RolloutRing
-from hetlab.runtime.timeline import SpanRecorder
+from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import make_task
 
@@ -45,18 +45,14 @@ class CollectorSpec:
     resume_state: dict[str, Any] | None = field(default=None, compare=False)
 
 
-def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, weights: WeightBroadcast,
-                  stop, errors) -> None:
-    """Process entry point; reports any exception with its traceback on `errors`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop
+def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, weights: WeightBroadcast, *,
+                  stop) -> None:
+    """An on-policy collector's process, until `stop` is set."""
     try:
         torch.set_num_threads(spec.torch_threads)
         ring.attach()
         weights.attach()
         _collect(spec, actor, ring, weights, stop)
-    except BaseException:
-        errors.put((spec.index, traceback.format_exc()))
-        raise SystemExit(1)
     finally:
         ring.close()
         weights.close()
@@ -73,16 +69,15 @@ def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, wei
     actor_state = actor.state_dict()
     recorder = SpanRecorder()
     used_version = -1
-    learner = multiprocessing.parent_process()
-    while not stop.is_set() and learner.is_alive():
+    while not stop.is_set():
         with recorder.span("wait_weights"):
             # Polling the version is cheap; reading copies and checks every weight.
-            while spec.sync and weights.version <= used_version and not stop.is_set() and learner.is_alive():
+            while spec.sync and weights.version <= used_version and not stop.is_set():
                 time.sleep(0.0005)
             version = weights.read(actor_state)
         with recorder.span("wait_slot"):
             slot = None
-            while slot is None and not stop.is_set() and learner.is_alive():
+            while slot is None and not stop.is_set():
                 slot = ring.acquire(timeout=0.1)
         if slot is None:
             return
@@ -177,17 +172,13 @@ class LocalPolicy:
         self._weights.close()
 
 
-def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, stop, errors) -> None:
-    """Process entry point; reports any exception with its traceback on `errors`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, *, stop) -> None:
+    """An off-policy collector's process, until `stop` is set."""
     try:
         torch.set_num_threads(spec.torch_threads)
         replay.attach()
         policy.attach()
         _collect_transitions(spec, policy, replay, stop)
-    except BaseException:
-        errors.put((spec.index, traceback.format_exc()))
-        raise SystemExit(1)
     finally:
         replay.close()
         policy.close()
@@ -198,14 +189,13 @@ def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBu
     random_actions = torch.Generator().manual_seed(spec.seed)
     obs = task.reset()
     recorder = SpanRecorder()
-    learner = multiprocessing.parent_process()
     step, version = spec.first_step, -1
-    while not stop.is_set() and learner.is_alive():
+    while not stop.is_set():
         with recorder.span("wait_learner"):
             # The learner's updates since the buffer's data began pay for that many / ratio steps.
             while (step >= spec.learning_starts + spec.lead
                    + (replay.learner_updates - spec.update_offset) / spec.updates_per_step
-                   and not stop.is_set() and learner.is_alive()):
+                   and not stop.is_set()):
                 time.sleep(0.0005)
         with recorder.span("inference"):
             if step < spec.learning_starts:

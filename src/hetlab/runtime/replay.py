@@ -48,11 +48,10 @@ import torch
 
 from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
-from hetlab.runtime.rollout_ring import ALIGN, Field
-from hetlab.runtime.shm import Segment, array_view, attach_segment, check_fits, close_segment, create_segment
+from hetlab.runtime import POLL_S
+from hetlab.runtime.shm import ALIGN, Field, SharedRegion, ShmRequirement, array_view, lay_out
 from hetlab.runtime.staging import BackgroundStager, HostToDevice
 
-POLL_S = 0.1  # how often waiting threads and processes check whether they should stop
 HEADER_BYTES = ALIGN  # int64 learner update count, read by collectors to keep the update-to-data ratio
 
 
@@ -91,71 +90,57 @@ class ReplayLayout:
         return self.rows * self.envs
 
     @cached_property
-    def fields(self) -> dict[str, Field]:
+    def _fields_and_size(self) -> tuple[dict[str, Field], int]:
         r, n, a = self.rows, self.envs, self.action_size
         p, c = self.obs_sizes["policy"], self.obs_sizes["critic"]
         f32 = np.dtype(np.float32)
-        specs = {
+        shapes = {
             "policy_obs": (r, n, p), "critic_obs": (r, n, c), "actions": (r, n, a),
             "rewards": (r, n), "terminated": (r, n), "truncated": (r, n),
             "next_policy_obs": (r, n, p), "next_critic_obs": (r, n, c),
         }
-        fields, offset = {}, HEADER_BYTES
-        for name, shape in specs.items():
-            fields[name] = Field(shape, f32, offset)
-            offset += -(-fields[name].nbytes // ALIGN) * ALIGN
-        return fields
+        return lay_out({name: (shape, f32) for name, shape in shapes.items()}, start=HEADER_BYTES)
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        return self._fields_and_size[0]
 
     @property
     def nbytes(self) -> int:
-        last = list(self.fields.values())[-1]
-        return last.offset + last.nbytes
+        return self._fields_and_size[1]
 
     @property
     def transition_bytes(self) -> int:
         return sum(f.nbytes for f in self.fields.values()) // self.capacity
 
-    def check_fits(self) -> None:
-        """UserError unless the buffer fits in shared memory: for checks before any work."""
-        check_fits(**self._size_and_advice())
-
-    def _size_and_advice(self) -> dict:
-        return {
-            "nbytes": self.nbytes,
-            "what": f"the replay buffer ({self.capacity:,} transitions of {self.transition_bytes} bytes)",
-            "fix": "lower --off-policy.replay-capacity",
-        }
+    @property
+    def requirement(self) -> ShmRequirement:
+        """The shared memory the buffer needs: for checks before any work."""
+        return ShmRequirement(
+            self.nbytes, f"the replay buffer ({self.capacity:,} transitions of {self.transition_bytes} bytes)",
+            "lower --off-policy.replay-capacity",
+        )
 
 
-class ReplayBuffer:
+class ReplayBuffer(SharedRegion):
     """Created by the learner (which unlinks it in `close()`); pass it to spawned collectors,
     which `attach()`, `write()` rows and `commit()` them. The stager `receive()`s commits."""
 
+    _shared = ("layout", "_commits")
+
     def __init__(self, layout: ReplayLayout):
         self.layout = layout
-        self._segment: Segment | None = create_segment("hetlab_replay", **layout._size_and_advice())
-        self.name = self._segment.name
-        self._creator, self._closed = True, False
+        self._create("hetlab_replay", layout.requirement)
         self._commits = multiprocessing.get_context("spawn").Queue(maxsize=layout.queue_size)
-        self._map()
-
-    def __getstate__(self) -> dict:
-        return {"layout": self.layout, "name": self.name, "_commits": self._commits}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segment=None, _creator=False, _closed=False)
-
-    def attach(self) -> None:
-        """Map the segment in this process (a no-op in the learner, or when already attached)."""
-        if self._segment is None and not self._closed:
-            self._segment = attach_segment(self.name)
-            self._map()
 
     def _map(self) -> None:
-        self.arrays = {
-            name: array_view(self._segment, f.shape, f.dtype, f.offset) for name, f in self.layout.fields.items()
-        }
-        self._updates = array_view(self._segment, (), np.int64, 0)
+        segment = self._require_attached()
+        self.arrays = {name: array_view(segment, f.shape, f.dtype, f.offset) for name, f in self.layout.fields.items()}
+        self._updates = array_view(segment, (), np.int64, 0)
+
+    def _unmap(self) -> None:
+        self.arrays = {}
+        self._updates = None
 
     # Collector side ------------------------------------------------------------------------
     def write(self, collector: int, step: int, transition: Mapping[str, np.ndarray]) -> None:
@@ -199,26 +184,6 @@ class ReplayBuffer:
     def window(self, steps: int) -> tuple[int, int]:
         """The steps [first, end) of a collector that has committed `steps` that may be sampled."""
         return max(0, steps - self.layout.rows + self.layout.guard_rows), steps
-
-    def close(self) -> None:
-        """Unmap; the learner also unlinks. Idempotent, safe in `finally` blocks."""
-        if self._closed:
-            return
-        self._closed = True
-        segment, self._segment = self._segment, None
-        self.arrays = {}
-        self._updates = None
-        if segment is not None:
-            close_segment(segment, unlink=self._creator)
-        if self._creator:
-            self._commits.cancel_join_thread()
-            self._commits.close()
-
-    def __enter__(self) -> ReplayBuffer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # Snapshots for resuming ----------------------------------------------------------------
     def save(self, directory: Path, steps: np.ndarray) -> None:

@@ -34,20 +34,7 @@ from functools import cached_property
 import numpy as np
 
 from hetlab.errors import UserError
-from hetlab.runtime.shm import Segment, array_view, attach_segment, check_fits, close_segment, create_segment
-
-ALIGN = 64  # every field starts on its own cache line: aligned views, no false sharing between fields
-
-
-@dataclass(frozen=True)
-class Field:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    offset: int  # bytes from the start of the slot
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+from hetlab.runtime.shm import Field, SharedRegion, ShmRequirement, array_view, lay_out
 
 
 @dataclass(frozen=True)
@@ -68,12 +55,11 @@ class RolloutLayout:
         object.__setattr__(self, "obs_sizes", dict(self.obs_sizes))  # a copy: the caller's dict may change
 
     @cached_property
-    def fields(self) -> dict[str, Field]:
-        """Name → shape, dtype and offset in the slot. `policy_version` is one int64 per slot."""
+    def _fields_and_size(self) -> tuple[dict[str, Field], int]:
         t, n, a = self.horizon, self.num_envs, self.action_size
         p, c = self.obs_sizes["policy"], self.obs_sizes["critic"]
         f32 = np.dtype(np.float32)
-        specs = {
+        return lay_out({
             "policy_version": ((), np.dtype(np.int64)),
             "policy_obs": ((t + 1, n, p), f32),
             "critic_obs": ((t + 1, n, c), f32),
@@ -83,57 +69,46 @@ class RolloutLayout:
             "terminated": ((t, n), f32),
             "truncated": ((t, n), f32),
             "final_critic_obs": ((t, n, c), f32),
-        }
-        fields, offset = {}, 0
-        for name, (shape, dtype) in specs.items():
-            fields[name] = Field(shape, dtype, offset)
-            offset += _aligned(fields[name].nbytes)
-        return fields
+        })
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """Name → shape, dtype and offset in the slot. `policy_version` is one int64 per slot."""
+        return self._fields_and_size[0]
 
     @property
     def nbytes(self) -> int:
         """Bytes of one slot (a multiple of ALIGN, so every slot starts aligned too)."""
-        last = list(self.fields.values())[-1]
-        return last.offset + _aligned(last.nbytes)
+        return self._fields_and_size[1]
+
+    def requirement(self, num_slots: int) -> ShmRequirement:
+        """The shared memory a ring of `num_slots` such slots needs: for checks before any work."""
+        return ShmRequirement(
+            num_slots * self.nbytes,
+            f"the rollout ring ({num_slots} slots of {self.horizon} steps × {self.num_envs} envs)",
+            "use fewer envs, a shorter horizon or fewer ring slots",
+        )
 
 
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
-class RolloutRing:
+class RolloutRing(SharedRegion):
     """K slots of `layout` in one segment, handed between processes through free/full queues.
 
     Created by the learner, which unlinks the segment in `close()`. Pass the ring to a
     `multiprocessing.get_context("spawn").Process` and call `attach()` there before `views()`.
     """
 
+    _shared = ("layout", "num_slots", "_free", "_full")
+
     def __init__(self, layout: RolloutLayout, num_slots: int):
         if num_slots < 1:
             raise UserError(f"the rollout ring needs at least one slot, got {num_slots}")
         self.layout, self.num_slots = layout, num_slots
-        self._segment: Segment | None = create_segment("hetlab_ring", **_size_and_advice(layout, num_slots))
-        self.name = self._segment.name
-        self._creator, self._closed = True, False
+        self._create("hetlab_ring", layout.requirement(num_slots))
         context = multiprocessing.get_context("spawn")
         self._free = context.Queue()  # slot indices
         self._full = context.Queue()  # (slot index, meta)
         for slot in range(num_slots):
             self._free.put(slot)
-
-    # Pickling (only allowed while spawning a process, because of the queues) sends the
-    # segment's name; the child maps it in attach().
-    def __getstate__(self) -> dict:
-        return {"layout": self.layout, "num_slots": self.num_slots, "name": self.name,
-                "_free": self._free, "_full": self._full}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segment=None, _creator=False, _closed=False)
-
-    def attach(self) -> None:
-        """Map the segment in this process (a no-op in the learner, or when already attached)."""
-        if self._segment is None and not self._closed:
-            self._segment = attach_segment(self.name)
 
     def acquire(self, timeout: float | None = None) -> int | None:
         """A free slot to write into, or None if none came free within `timeout` seconds."""
@@ -157,53 +132,20 @@ class RolloutRing:
         """Give a slot back to the collectors; its contents may be overwritten from now on."""
         self._free.put(self._checked(slot))
 
+    def drain_one(self) -> None:
+        """Take and release one full slot if one comes within 0.1 s: lets a collector that is
+        committing while the run shuts down finish its message and exit."""
+        taken = self.take(timeout=0.1)
+        if taken is not None:
+            self.release(taken[0])
+
     def views(self, slot: int) -> dict[str, np.ndarray]:
         """Numpy arrays over the slot's memory; `policy_version` is 0-d: `views["policy_version"][...] = v`."""
-        if self._segment is None:
-            raise RuntimeError("the ring is closed or not attached in this process; call attach() first")
+        segment = self._require_attached()
         base = self._checked(slot) * self.layout.nbytes
-        return {
-            name: array_view(self._segment, f.shape, f.dtype, base + f.offset)
-            for name, f in self.layout.fields.items()
-        }
-
-    @staticmethod
-    def check_fits(layout: RolloutLayout, num_slots: int) -> None:
-        """UserError unless a ring of this size fits in shared memory: for checks before any work."""
-        check_fits(**_size_and_advice(layout, num_slots))
-
-    def close(self) -> None:
-        """Unmap; the learner also unlinks the segment. Idempotent, safe in `finally` blocks."""
-        if self._closed:
-            return
-        self._closed = True
-        segment, self._segment = self._segment, None
-        if segment is not None:
-            close_segment(segment, unlink=self._creator)
-        if self._creator:
-            # Nothing the learner still buffers for the queues matters now: do not let
-            # interpreter exit wait to flush it into pipes that nobody reads any more. A
-            # collector, though, must flush: a message cut off mid-write would leave its
-            # reader blocked on the rest for ever.
-            for q in (self._free, self._full):
-                q.cancel_join_thread()
-                q.close()
-
-    def __enter__(self) -> RolloutRing:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        return {name: array_view(segment, f.shape, f.dtype, base + f.offset) for name, f in self.layout.fields.items()}
 
     def _checked(self, slot: int) -> int:
         if not 0 <= slot < self.num_slots:
             raise IndexError(f"slot {slot} is not in the ring's 0..{self.num_slots - 1}")
         return slot
-
-
-def _size_and_advice(layout: RolloutLayout, num_slots: int) -> dict:
-    return {
-        "nbytes": num_slots * layout.nbytes,
-        "what": f"the rollout ring ({num_slots} slots of {layout.horizon} steps × {layout.num_envs} envs)",
-        "fix": "use fewer envs, a shorter horizon or fewer ring slots",
-    }

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import queue
 import threading
-from abc import ABC, abstractmethod
 import time
+from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
 
 from hetlab.devices import LearnerDevice
+from hetlab.runtime import POLL_S
 from hetlab.runtime.rollout_ring import RolloutRing
 
-POLL_S = 0.1  # how often a waiting stager thread checks whether it should stop
 TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hetlab.runtime.shm import Segment, array_view, attach_segment, close_segment, create_segment
+from hetlab.runtime.shm import SharedRegion, ShmRequirement, array_view
 
 HEADER_BYTES = 64  # int64 sequence counter, int64 version, int64 crc32; the data starts a cache line later
 UNPUBLISHED = -1  # the version before the first publish
@@ -41,9 +41,11 @@ class Entry:
     numel: int
 
 
-class WeightBroadcast:
+class WeightBroadcast(SharedRegion):
     """Learner (the one writer): `publish(state, version)`. Collectors: `attach()`, then
     `read(into) -> version`. Picklable into spawned processes; the learner unlinks in `close()`."""
+
+    _shared = ("entries", "float_count", "int_count")
 
     def __init__(self, template: Mapping[str, torch.Tensor]):
         self.entries: list[Entry] = []
@@ -55,38 +57,19 @@ class WeightBroadcast:
             self.entries.append(Entry(name, tuple(tensor.shape), exact, counts[exact], tensor.numel()))
             counts[exact] += tensor.numel()
         self.float_count, self.int_count = counts[False], counts[True]
-        self._segment: Segment | None = create_segment(
-            "hetlab_weights", self._int_offset + 8 * self.int_count,
-            what="the weight broadcast", fix="use a smaller network",
-        )
-        self.name = self._segment.name
-        self._creator, self._closed = True, False
-        self._map()
+        self._create("hetlab_weights", ShmRequirement(self._int_offset + 8 * self.int_count,
+                                                      "the weight broadcast", "use a smaller network"))
         self._version[()] = UNPUBLISHED
-
-    # Pickling sends the layout and the segment's name; the child maps it in attach().
-    def __getstate__(self) -> dict:
-        return {"entries": self.entries, "float_count": self.float_count, "int_count": self.int_count,
-                "name": self.name}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segment=None, _creator=False, _closed=False)
-
-    def attach(self) -> None:
-        """Map the segment in this process (a no-op in the learner, or when already attached)."""
-        if self._segment is None and not self._closed:
-            self._segment = attach_segment(self.name)
-            self._map()
 
     @property
     def version(self) -> int:
         """The last published version (UNPUBLISHED = -1 before the first publish)."""
-        self._require_mapped()
+        self._require_attached()
         return int(self._version[()])
 
     def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Write `state` (tensors on any device, laid out like the template) as `version` ≥ 0."""
-        self._require_mapped()
+        self._require_attached()
         if version < 0:
             raise ValueError(f"versions start at 0, got {version}")
         self._check_names(state)
@@ -106,7 +89,7 @@ class WeightBroadcast:
         their version. Before the first publish it returns UNPUBLISHED and leaves `into` alone.
         Retries while the learner is mid-write; TimeoutError if no consistent copy within `timeout`.
         """
-        self._require_mapped()
+        self._require_attached()
         self._check_names(into)
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
@@ -132,29 +115,12 @@ class WeightBroadcast:
             into[entry.name].copy_(values)
         return version
 
-    def close(self) -> None:
-        """Unmap; the learner also unlinks the segment. Idempotent, safe in `finally` blocks."""
-        if self._closed:
-            return
-        self._closed = True
-        segment, self._segment = self._segment, None
-        # Our own views must go before the segment can be unmapped.
-        self._sequence = self._version = self._crc = self._floats = self._ints = None
-        if segment is not None:
-            close_segment(segment, unlink=self._creator)
-
-    def __enter__(self) -> WeightBroadcast:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     @property
     def _int_offset(self) -> int:
         return HEADER_BYTES + -(-4 * self.float_count // 8) * 8  # int64s need 8-byte alignment
 
     def _map(self) -> None:
-        segment = self._segment
+        segment = self._require_attached()
         self._sequence, self._version, self._crc = (array_view(segment, (), np.int64, 8 * i) for i in range(3))
         self._floats = array_view(segment, (self.float_count,), np.float32, HEADER_BYTES)
         self._ints = array_view(segment, (self.int_count,), np.int64, self._int_offset)
@@ -162,9 +128,8 @@ class WeightBroadcast:
         self._float_copy = np.empty_like(self._floats)
         self._int_copy = np.empty_like(self._ints)
 
-    def _require_mapped(self) -> None:
-        if self._segment is None:
-            raise RuntimeError("the weight broadcast is closed or not attached in this process; call attach() first")
+    def _unmap(self) -> None:
+        self._sequence = self._version = self._crc = self._floats = self._ints = None
 
     def _check_names(self, state: Mapping[str, torch.Tensor]) -> None:
         expected = {entry.name for entry in self.entries}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import mujoco
 import numpy as np
 
 
@@ -19,6 +20,7 @@ class BatchSim(Protocol):
     """`num_envs` copies of one model, stepped together. Deterministic for a seed."""
 
     num_envs: int
+    threads: int  # CPU threads stepping the batch
     timestep: float  # seconds per physics substep
     qpos: np.ndarray  # (num_envs, nq) live
     qvel: np.ndarray  # (num_envs, nv) live
@@ -86,4 +88,15 @@ class DomainRandomisable(Protocol):
     def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
         """Recompute the model constants derived from written fields (e.g. from masses:
         subtree masses and the constraint solver's inverse weights)."""
+        ...
+
+
+@runtime_checkable
+class Renderable(Protocol):
+    """Optional: an env as MuJoCo objects, for MuJoCo's renderer (`hetlab play`)."""
+
+    def render_state(self, env_id: int, model: mujoco.MjModel | None = None,
+                     data: mujoco.MjData | None = None) -> tuple[mujoco.MjModel, mujoco.MjData]:
+        """Env `env_id`'s model and state with its derived quantities computed; written into
+        `model` and `data` when given (they must be of this model), else new copies."""
         ...

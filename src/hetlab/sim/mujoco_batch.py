@@ -7,6 +7,8 @@ those rows. Results are bit-identical at any thread count, so a seed fixes a tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mujoco
 import mujoco.batch
 import numpy as np
@@ -159,6 +161,14 @@ class MujocoBatchSim:
         if any(self.batch.expanded(f) is not None for f in mujoco.MjModel._setconst_inputs):
             self.batch.set_const(env_ids)
 
+    # Renderable
+    def render_state(self, env_id: int, model: mujoco.MjModel | None = None,
+                     data: mujoco.MjData | None = None) -> tuple[mujoco.MjModel, mujoco.MjData]:
+        # Domain randomisation gives each env its own model (masses move the tracked COM), so both are copied.
+        model, data = self.batch.get_model(env_id, model), self.batch.get_data(env_id, data)
+        mujoco.mj_forward(model, data)
+        return model, data
+
     def _named(self, lookup, kind: str, name: str):
         try:
             return lookup(name)
@@ -169,3 +179,11 @@ class MujocoBatchSim:
 def _sorted_ids(env_ids: np.ndarray) -> np.ndarray:
     # mujoco.batch takes sorted, unique simulation ids.
     return np.unique(np.asarray(env_ids, dtype=np.int64))
+
+
+def bare_physics(model: mujoco.MjModel, num_envs: int, threads: int, keyframe: str | None) -> Callable[[int], None]:
+    """Plain `Batch.step` from the keyframe, with no checks and no copies: what the physics
+    alone costs."""
+    batch = mujoco.batch.Batch(model, num_envs, nthread=threads)
+    batch.reset(keyframe=-1 if keyframe is None else model.key(keyframe).id)
+    return lambda substeps: batch.step(nstep=substeps)

@@ -6,7 +6,7 @@ import dataclasses
 
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
-from hetlab.sim.mujoco_batch import MujocoBatchSim
+from hetlab.sim import sim_backend
 from hetlab.tasks.base import Task, TaskConfig
 from hetlab.tasks.cartpole import CartpoleBalance
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
@@ -28,6 +28,7 @@ def make_config(name: str, **overrides) -> TaskConfig:
     if unknown:
         raise UserError(f"task {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}")
     cfg = cls.Config(**overrides)
+    sim_backend(cfg.sim)
     if cfg.num_envs < 1:
         raise UserError(f"--envs must be at least 1, got {cfg.num_envs}")
     cores = cpu_count()
@@ -37,11 +38,11 @@ def make_config(name: str, **overrides) -> TaskConfig:
 
 
 def make_task(name: str, **overrides) -> Task:
-    """Build task `name` on a MuJoCo batch: e.g. make_task("cartpole-balance", num_envs=64)."""
+    """Build task `name` on its physics backend: e.g. make_task("cartpole-balance", num_envs=64)."""
     cls = task_class(name)
     cfg = make_config(name, **overrides)
-    model = cls.build_model(cfg)
-    sim = MujocoBatchSim(model, cfg.num_envs, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe)
+    sim = sim_backend(cfg.sim).make(cls.build_model(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
+                                    keyframe=cls.keyframe)
     return cls(sim, cfg)
 
 

@@ -33,6 +33,7 @@ class TaskConfig:
     """Options every task has; task configs subclass this and add their own."""
 
     num_envs: int = 256
+    sim: str = "mujoco"  # physics backend (hetlab.sim.SIMS)
     threads: int = 0  # physics threads; 0 = every core
     seed: int = 0
     obs_noise: float = 1.0  # multiplies the task's observation-noise scales; 0 = exact observations

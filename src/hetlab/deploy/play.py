@@ -18,10 +18,11 @@ import torch
 from rich.console import Console
 from rich.progress import track
 
+from hetlab.deploy.policy import load_policy
 from hetlab.errors import UserError
+from hetlab.extras import require
 from hetlab.files import atomic_path
 from hetlab.headless_gl import make_renderer
-from hetlab.trained_policy import load_policy
 from hetlab.tasks import make_task
 
 TRACKING_CAMERA = "tracking"
@@ -35,16 +36,16 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
     """Record the run's policy to `video`; returns the frame count, fps and every episode seen
     (return, length, and how it ended: "terminated", "truncated", or "video" if still running).
     `seed` defaults to the run's own."""
-    av = _require_av()
+    av = require("video", "av", "writing a video")
     if seconds <= 0 or width < 2 or height < 2 or width % 2 or height % 2:
         raise UserError(f"need seconds > 0 and an even width and height (H.264 and MPEG-4 store colour at half "
                         f"resolution), got {seconds} s at {width}×{height}")
     policy = load_policy(run_dir)
-    task = make_task(policy.task, num_envs=1, threads=1, seed=policy.seed if seed is None else seed, obs_noise=0.0)
+    task = make_task(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed if seed is None else seed,
+                     obs_noise=0.0)
     steps = max(1, round(seconds / task.dt))
     fps = Fraction(1 / task.dt).limit_denominator(1000)
-    batch = task.sim.batch  # one env of the batch is materialised as an MjModel/MjData to render
-    model, data = batch.get_model(0), batch.get_data(0)
+    model, data = task.sim.render_state(0)  # one env of the batch, as an MjModel/MjData to render
     model.vis.global_.offwidth = max(width, model.vis.global_.offwidth)
     model.vis.global_.offheight = max(height, model.vis.global_.offheight)
     camera = TRACKING_CAMERA if _has_camera(model, TRACKING_CAMERA) else _free_camera(model)
@@ -66,10 +67,7 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
             if "done_ids" in info:
                 episodes.append(_episode(info["episode_return"][0], info["episode_length"][0],
                                          "terminated" if terminated[0] else "truncated"))
-            # Domain randomisation changes the model per episode (masses move the tracked COM).
-            batch.get_model(0, model)
-            batch.get_data(0, data)
-            mujoco.mj_forward(model, data)
+            task.sim.render_state(0, model, data)
             renderer.update_scene(data, camera=camera)
             container.mux(stream.encode(av.VideoFrame.from_ndarray(renderer.render(), format="rgb24")))
         container.mux(stream.encode())  # flush the encoder's delayed frames
@@ -77,14 +75,6 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
         episodes.append(_episode(task.episode_return[0], task.episode_step[0], "video"))
     return {"video": str(video), "frames": steps, "fps": float(fps), "width": width, "height": height,
             "episodes": episodes}
-
-
-def _require_av():
-    try:
-        import av
-    except ImportError as e:
-        raise UserError("writing a video needs PyAV: pip install 'hetlab[video]'") from e
-    return av
 
 
 def _has_camera(model: mujoco.MjModel, name: str) -> bool:

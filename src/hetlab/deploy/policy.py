@@ -16,12 +16,13 @@ from torch import nn
 from hetlab.checkpoint import load_checkpoint
 from hetlab.errors import UserError
 from hetlab.tasks import task_class
-from hetlab.train import load_run_config
+from hetlab.train.config import load_run_config
 
 
 @dataclass(frozen=True)
 class RunPolicy:
     task: str
+    sim: str  # the physics backend it was trained on
     seed: int
     actor: nn.Module  # forward(obs [batch, policy obs]) -> deterministic actions [batch, actions]
     obs_size: int
@@ -38,4 +39,4 @@ def load_policy(run_dir: Path | str) -> RunPolicy:
     except (KeyError, RuntimeError, ValueError) as e:
         raise UserError(f"the checkpoint in {run_dir} does not fit its config.json ({e}); was either edited?") from e
     task = task_class(config.task)
-    return RunPolicy(config.task, config.seed, algo.actor.eval(), task.obs_sizes["policy"], task.action_size)
+    return RunPolicy(config.task, config.sim, config.seed, algo.actor.eval(), task.obs_sizes["policy"], task.action_size)

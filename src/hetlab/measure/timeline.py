@@ -4,7 +4,8 @@ Every process records spans `(stage, t0, t1)` with `time.perf_counter()`, which 
 the system-wide monotonic clock, so spans from collectors, the stager thread and the learner
 line up. The learner gathers them into a `Timeline` that keeps running totals per
 (role, stage) over the whole run, and the raw spans of the most recent iterations for a
-Chrome trace (chrome://tracing or ui.perfetto.dev).
+Chrome trace (chrome://tracing or ui.perfetto.dev). A resumed run's timeline continues the
+earlier sessions' totals and trace; each session's spans follow the previous ones in the trace.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ class Timeline:
         self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.iterations: set[int] = set()
         self._recent: deque[list[tuple[str, str, float, float]]] = deque(maxlen=trace_iterations)
+        self._earlier_iterations = 0
+        self._earlier_events: list[dict] = []
+
+    def continue_from(self, totals: dict[str, dict[str, float]], iterations: int, trace_events: list[dict]) -> None:
+        """Start from an earlier session's `summary()`, its iteration count and its Chrome trace events."""
+        for role, stages in totals.items():
+            for stage, seconds in stages.items():
+                self.totals[role][stage] += seconds
+        self._earlier_iterations = iterations
+        self._earlier_events = [event for event in trace_events if event["ph"] == "X"]
 
     def add(self, iteration: int, role: str, spans: list[tuple[str, float, float]]) -> None:
         if iteration not in self.iterations:
@@ -66,17 +77,21 @@ class Timeline:
         return {role: dict(stages) for role, stages in self.totals.items()}
 
     def write_chrome_trace(self, path: Path) -> None:
-        roles = sorted({role for spans in self._recent for role, *_ in spans})
+        earlier = self._earlier_events
+        roles = sorted({role for spans in self._recent for role, *_ in spans} | {e["args"]["role"] for e in earlier})
         events = [
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": role}}
             for tid, role in enumerate(roles)
         ]
+        events += [{**event, "tid": roles.index(event["args"]["role"])} for event in earlier]
+        # This session's spans start a second after the earlier ones end.
+        offset = max((e["ts"] + e["dur"] for e in earlier), default=-1e6) + 1e6
         for spans in self._recent:
             for role, stage, t0, t1 in spans:
                 events.append({
                     "name": stage, "cat": "wait" if stage in WAIT_STAGES else "busy", "ph": "X",
-                    "pid": 0, "tid": roles.index(role),
-                    "ts": (t0 - self.start) * 1e6, "dur": (t1 - t0) * 1e6,
+                    "pid": 0, "tid": roles.index(role), "args": {"role": role},
+                    "ts": offset + (t0 - self.start) * 1e6, "dur": (t1 - t0) * 1e6,
                 })
         write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
@@ -89,7 +104,7 @@ class Timeline:
 
         roles = sorted(self.totals)
         stages = [s for s in BUSY_STAGES + WAIT_STAGES if any(self.totals[r][s] for r in roles)]
-        iterations = max(1, len(self.iterations))
+        iterations = max(1, self._earlier_iterations + len(self.iterations))
         fig, ax = plt.subplots(figsize=(7, 0.6 * len(roles) + 1.8))
         left = [0.0] * len(roles)
         for stage in stages:

@@ -11,7 +11,6 @@ generates a chunk of actions from the current image and state and executes the f
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import queue
@@ -28,6 +27,9 @@ import tyro
 from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
+from hetlab.imitation.phase_a import load_policy, read_run_config
+from hetlab.imitation.phase_b import load_phase_b_policy
+from hetlab.measure.stats import wilson_interval
 from hetlab.seeds import parse_seeds
 
 VIDEO_FPS = 50
@@ -43,16 +45,6 @@ class EvalConfig:
     replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
     max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
     out: Path | None = None  # results directory; default RUN/eval/<seeds>
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95 % for z = 1.96)."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class ChunkPolicy:
@@ -75,11 +67,7 @@ class ChunkPolicy:
 
 def load_eval_policy(run_dir: Path):
     """A run's policy as trained: Phase A's whole model, or Phase B's encoder path + new expert."""
-    from hetlab.aloha.phase_a import load_policy, read_run_config
-
     if read_run_config(run_dir)["phase"] == "B":
-        from hetlab.offload.phase_b import load_phase_b_policy
-
         return load_phase_b_policy(run_dir)
     return load_policy(run_dir)[0]
 
@@ -120,8 +108,6 @@ def _worker(run: str, height: int, width: int, replan_every: int, max_steps: int
 
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Evaluate; writes results.json (and videos) and returns it."""
-    from hetlab.aloha.phase_a import read_run_config
-
     seeds = parse_seeds(cfg.seeds)
     config = read_run_config(cfg.run)  # checks the run before any process starts
     if cfg.replan_every < 0 or cfg.replan_every > config["model"]["chunk"]:

@@ -15,18 +15,14 @@ around them (in range: far-out inputs only measure float32 rounding of huge outp
 
 from __future__ import annotations
 
-import importlib
-import logging
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hetlab.errors import UserError
+from hetlab.deploy.policy import load_policy
 from hetlab.files import atomic_path
-from hetlab.trained_policy import load_policy
+from hetlab.onnx_export import quiet_exporter, require_onnx_runtime
 from hetlab.tasks import make_task
 
 TOLERANCE = 1e-5  # max abs difference between ONNX Runtime's and torch's actions
@@ -36,12 +32,12 @@ PARITY_RANDOM = 256  # random observations
 
 def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Path:
     """Export the run's latest policy to ONNX, verify it with ONNX Runtime, return its path."""
-    ort = _require_extra()
+    ort = require_onnx_runtime()
     policy = load_policy(run_dir)
     out = Path(out) if out is not None else Path(run_dir) / "policy.onnx"
     obs = _parity_observations(policy)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp, _quiet_exporter():
+    with atomic_path(out) as tmp, quiet_exporter():
         torch.onnx.export(
             policy.actor, (obs[:2],), tmp, dynamo=True, external_data=False, verbose=False,
             input_names=["obs"], output_names=["actions"],
@@ -51,19 +47,10 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Path:
     return out
 
 
-def _require_extra():
-    for module in ("onnx", "onnxscript", "onnxruntime"):
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise UserError(f"ONNX export needs {module!r}: pip install 'hetlab[export]'") from e
-    return importlib.import_module("onnxruntime")
-
-
 def _parity_observations(policy) -> torch.Tensor:
     """Real observations from a short rollout of the policy, then as many random ones drawn
     from their per-column mean and spread."""
-    task = make_task(policy.task, num_envs=PARITY_ENVS, threads=1, seed=policy.seed)
+    task = make_task(policy.task, num_envs=PARITY_ENVS, sim=policy.sim, threads=1, seed=policy.seed)
     obs = [task.reset()["policy"]]
     with torch.no_grad():
         for _ in range(PARITY_STEPS):
@@ -83,19 +70,3 @@ def _check_parity(ort, path: Path, actor: torch.nn.Module, obs: torch.Tensor) ->
     error = float(np.abs(onnx_actions - torch_actions).max())
     if not error <= TOLERANCE:
         raise RuntimeError(f"the exported policy differs from the torch actor by {error:.3g} > {TOLERANCE:g}")
-
-
-@contextmanager
-def _quiet_exporter():
-    """Hide the exporter's chatter that is not about this model (deprecations inside torch,
-    a note per torchvision op it skips registering)."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
-    finally:
-        logger.setLevel(level)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetlab.aloha.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
+from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
                                   open_dataset, read_run_config, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import save_checkpoint
@@ -44,7 +44,7 @@ from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, H
 from hetlab.offload.prefetch import Prefetcher
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
-from hetlab.runtime.timeline import SpanRecorder, Timeline
+from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 
 CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")

@@ -1,0 +1,153 @@
+"""The collector pool: the runtime's one door to the processes that collect experience.
+
+A training loop hands the pool its collectors as `CollectorJob`s — an entry point and its
+arguments (the task spec, the policy, the shared ring or replay buffer) — and from then on
+only asks it: `check()` that all are healthy (it raises with a failed collector's traceback or
+exit code), `next_staged()` the stager's next batch while watching them, and `stop()` them. A
+collector learns that it must stop through the `StopSignal` the pool passes it: set by
+`stop()`, and also read as set once the learner's process is gone, so no collector outlives a
+crashed learner.
+
+`ProcessPool` runs each collector as a spawned process on this machine; a pool of another kind
+(say, collectors on the nodes of a cluster) implements the same `CollectorPool`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import signal
+import threading
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hetlab.runtime import POLL_S
+
+
+@dataclass(frozen=True)
+class CollectorJob:
+    """One collector: `target(*args, stop=StopSignal)` collects until the signal is set. Both
+    must be picklable (a module-level function, and what it needs)."""
+
+    target: Callable[..., None]
+    args: tuple
+
+
+class StopSignal:
+    """What a collector polls (`is_set()`): the pool's stop, or its learner gone."""
+
+    def __init__(self, event):
+        self._event = event
+
+    def is_set(self) -> bool:
+        if self._event.is_set():
+            return True
+        learner = multiprocessing.parent_process()
+        return learner is not None and not learner.is_alive()
+
+
+class CollectorPool(ABC):
+    """Starts, watches and stops the collectors of one run; a context manager that stops them."""
+
+    @abstractmethod
+    def start(self, jobs: list[CollectorJob]) -> None:
+        """Start collector i of `jobs[i]`."""
+
+    @abstractmethod
+    def check(self) -> None:
+        """Raise RuntimeError, with the collector's traceback or exit code, once one has failed."""
+
+    @abstractmethod
+    def stop(self, drain_one: Callable[[], None] | None = None, timeout: float = 5.0) -> None:
+        """Tell every collector to stop and wait up to `timeout` s for them, while a thread calls
+        `drain_one()` (which reads, with a short timeout, one message they may still be sending);
+        then end the stragglers. Idempotent."""
+
+    def next_staged(self, stager, interrupted: threading.Event, check: Callable[[], None] | None = None):
+        """The stager's next batch, or None once `interrupted` is set; polls, so a failed
+        collector (or whatever `check` raises for) ends the wait within POLL_S."""
+        staged = None
+        while staged is None and not interrupted.is_set():
+            self.check()
+            if check is not None:
+                check()
+            staged = stager.next(timeout=POLL_S)
+        return staged
+
+    def __enter__(self) -> CollectorPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ProcessPool(CollectorPool):
+    """Each collector a spawned process of this machine (sharing memory with the learner)."""
+
+    def __init__(self):
+        self._context = multiprocessing.get_context("spawn")
+        self._stop = self._context.Event()
+        self._errors = self._context.Queue()  # (collector index, traceback)
+        self._processes: list = []
+        self._stopped = False
+
+    def start(self, jobs: list[CollectorJob]) -> None:
+        for index, job in enumerate(jobs):
+            process = self._context.Process(target=_run, name=f"hetlab-collector-{index}", daemon=True,
+                                            args=(index, job, StopSignal(self._stop), self._errors))
+            process.start()
+            self._processes.append(process)
+
+    def check(self) -> None:
+        try:
+            index, trace = self._errors.get_nowait()
+            raise RuntimeError(f"collector {index} failed:\n{trace}")
+        except queue.Empty:
+            pass
+        for index, process in enumerate(self._processes):
+            if process.exitcode is not None:
+                # Its traceback, if it wrote one, may arrive a moment after it exits.
+                try:
+                    failed, trace = self._errors.get(timeout=0.5)
+                    raise RuntimeError(f"collector {failed} failed:\n{trace}")
+                except queue.Empty:
+                    raise RuntimeError(f"collector {index} died with exit code {process.exitcode}") from None
+
+    def stop(self, drain_one: Callable[[], None] | None = None, timeout: float = 5.0) -> None:
+        # A collector exits only once its queues have flushed into their pipes, and a rollout's
+        # message can be megabytes: someone must read while they exit.
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        draining = threading.Event()
+
+        def drain() -> None:
+            while not draining.is_set():
+                drain_one()
+
+        if drain_one is not None:
+            threading.Thread(target=drain, name="hetlab-drain", daemon=True).start()
+        deadline = time.monotonic() + timeout
+        for process in self._processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        draining.set()
+        self._errors.cancel_join_thread()
+        self._errors.close()
+
+
+def _run(index: int, job: CollectorJob, stop: StopSignal, errors) -> None:
+    """A collector process: the job, with any exception reported to the learner with its traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop
+    try:
+        job.target(*job.args, stop=stop)
+    except BaseException:
+        errors.put((index, traceback.format_exc()))
+        raise SystemExit(1)

@@ -1,0 +1,179 @@
+"""`hetlab train`'s options, their validation before any work starts, and a run's saved config.
+
+The algorithm options come from the algorithm registry: one `--<algo>.*` option group per
+registered algorithm (its own `Config`, gathered in `AlgoConfigs`), and `--algo` choosing
+among them. Everything that can be wrong with a config is found by `validate`, before a run
+directory exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import torch
+import tyro
+
+from hetlab.algos import ALGOS
+from hetlab.devices import LearnerDevice
+from hetlab.errors import UserError
+from hetlab.runtime.replay import ReplayLayout
+from hetlab.runtime.rollout_ring import RolloutLayout
+from hetlab.sim import SIMS
+from hetlab.tasks import make_config, task_class
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    replay_capacity: int = 1_000_000  # transitions kept, over all envs
+    # Where the exploring policy runs: each collector's CPU copy, or the learner's device through a
+    # request/response ring; auto: the learner when it is an accelerator, else the collectors.
+    inference: Literal["auto", "collector", "learner"] = "auto"
+    lead: int = 4  # env steps a collector may run ahead of the update-to-data ratio
+    weight_sync_every: int = 0  # updates between weight publishes; 0: the updates of one env step
+    save_replay: bool = False  # checkpoints include the replay buffer, so a resumed run does not start empty
+
+
+AlgoConfigs = dataclasses.make_dataclass(
+    "AlgoConfigs", [(name, algo.Config, field(default_factory=algo.Config)) for name, algo in ALGOS.items()],
+    frozen=True,
+)
+AlgoConfigs.__module__ = __name__  # where pickle finds it
+AlgoConfigs.__doc__ = "Every registered algorithm's options; `--algo` chooses the one a run uses."
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train a policy with PPO or APPO (on-policy) or SAC, TD3, FastSAC or FlashSAC (off-policy) on a hetlab task."""
+
+    algo: Literal[tuple(ALGOS)] = "ppo"
+    task: str = "go1-joystick-flat"
+    envs: int = 1024  # in total, split evenly over the collectors
+    collectors: int = 1  # collector processes
+    sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
+    mode: Literal["sync", "async", "auto"] = "auto"  # auto: the algorithm's (PPO sync, APPO and off-policy async)
+    device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
+    threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
+    horizon: int = 24  # env steps per rollout (off-policy: per iteration)
+    ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
+    max_iterations: int = 1000
+    max_seconds: float = 0.0  # wall-clock budget; 0 = none
+    seed: int = 0
+    checkpoint_every: int = 50  # iterations
+    runs_dir: str = "runs"
+    resume: str | None = None  # a run directory to continue; its saved config is used
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    # No prefix of its own: the options stay --ppo.*, --sac.*, ...
+    algos: Annotated[AlgoConfigs, tyro.conf.arg(name="")] = field(default_factory=AlgoConfigs)
+
+    @property
+    def algorithm(self) -> type:
+        return ALGOS[self.algo]
+
+    @property
+    def algo_config(self):
+        return getattr(self.algos, self.algo)
+
+    @property
+    def is_off_policy(self) -> bool:
+        return self.algorithm.off_policy
+
+    @property
+    def resolved_mode(self) -> str:
+        if self.mode != "auto":
+            return self.mode
+        return "async" if self.is_off_policy else self.algorithm.default_mode
+
+    def resolved_inference(self, device: LearnerDevice) -> str:
+        if self.off_policy.inference != "auto":
+            return self.off_policy.inference
+        return "learner" if device.is_accelerator else "collector"
+
+    @property
+    def resolved_ring_slots(self) -> int:
+        if self.ring_slots:
+            return self.ring_slots
+        return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
+
+    @property
+    def envs_per_collector(self) -> int:
+        return self.envs // self.collectors
+
+    @property
+    def updates_per_iteration(self) -> int:
+        """Off-policy: the updates that `horizon` env steps pay for."""
+        return max(1, round(self.horizon * self.algo_config.updates_per_step))
+
+    def build_algorithm(self, device: torch.device):
+        """The run's algorithm, freshly initialised from its seed."""
+        task = task_class(self.task)
+        return self.algorithm(task.obs_sizes, task.action_size, self.algo_config, device, seed=self.seed)
+
+    def rollout_layout(self) -> RolloutLayout:
+        task = task_class(self.task)
+        return RolloutLayout(self.horizon, self.envs_per_collector, dict(task.obs_sizes), task.action_size)
+
+    def replay_layout(self) -> ReplayLayout:
+        task = task_class(self.task)
+        return ReplayLayout(self.off_policy.replay_capacity // self.envs, self.collectors, self.envs_per_collector,
+                            dict(task.obs_sizes), task.action_size)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """UserError for anything that would fail later: before a run directory or process exists."""
+    for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.envs % cfg.collectors:
+        raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
+    make_config(cfg.task, num_envs=cfg.envs_per_collector, sim=cfg.sim, threads=cfg.threads, seed=cfg.seed)
+    if cfg.is_off_policy:
+        _validate_off_policy(cfg)
+        return
+    minibatches = cfg.algo_config.num_mini_batches
+    if (cfg.horizon * cfg.envs) % minibatches:
+        raise UserError(
+            f"horizon × envs = {cfg.horizon * cfg.envs} samples do not split into {minibatches} minibatches; "
+            "change --envs, --horizon or the minibatch count"
+        )
+    if cfg.ring_slots and cfg.ring_slots < cfg.collectors:
+        raise UserError(f"--ring-slots {cfg.ring_slots} must be at least --collectors {cfg.collectors}")
+    cfg.rollout_layout().requirement(cfg.resolved_ring_slots).check()
+
+
+def _validate_off_policy(cfg: TrainConfig) -> None:
+    if cfg.mode == "sync":
+        raise UserError(f"{cfg.algo} runs asynchronously (the update-to-data ratio keeps collectors and learner "
+                        "in step); drop --mode sync")
+    algo = cfg.algo_config
+    # The stager works one update ahead of the learner; the collectors must be allowed the steps that pays for.
+    least_lead = math.ceil(1 / algo.updates_per_step) + 1
+    if cfg.off_policy.lead < least_lead:
+        raise UserError(f"--off-policy.lead {cfg.off_policy.lead} is too short for {algo.updates_per_step} updates "
+                        f"per step; use at least {least_lead}")
+    if cfg.off_policy.weight_sync_every < 0:
+        raise UserError("--off-policy.weight-sync-every must be ≥ 0")
+    layout = cfg.replay_layout()
+    if algo.learning_starts < 1 or algo.learning_starts + cfg.off_policy.lead >= layout.rows - layout.guard_rows:
+        raise UserError(
+            f"learning_starts must be at least 1 and, with the lead, below the {layout.rows - layout.guard_rows} "
+            "steps per env the replay buffer keeps; raise --off-policy.replay-capacity or lower learning_starts"
+        )
+    layout.requirement.check()
+
+
+def load_run_config(run_dir: Path) -> TrainConfig:
+    """The resolved config a run directory was trained with."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no config.json; pass a run directory written by `hetlab train`")
+    data = json.loads(path.read_text())
+    saved = data.pop("algos", {})
+    # Runs from before an algorithm existed lack its section.
+    data["algos"] = AlgoConfigs(**{name: ALGOS[name].Config(**options) for name, options in saved.items()})
+    data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
+    return TrainConfig(**data)

@@ -1,0 +1,77 @@
+"""`hetlab train`: from a config to a running loop.
+
+Resolve the config (a resumed run's own, with the options a resumed run may change), validate
+it, pick the learner device and split the CPU threads, create the run directory, and hand the
+run to its algorithm's loop. Everything a user can get wrong fails here, before the run
+directory exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from hetlab.checkpoint import load_checkpoint
+from hetlab.devices import apply_thread_budget, pick_device, thread_budget
+from hetlab.errors import UserError
+from hetlab.files import write_text_atomic
+from hetlab.train.config import TrainConfig, load_run_config, validate
+from hetlab.train.off_policy import train_off_policy
+from hetlab.train.on_policy import train_on_policy
+
+# What a resumed run takes from the command line: its budgets and where it runs. Everything
+# else is the run's own; a command line that asks for another value is refused.
+RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "resume")
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run training; returns the run directory."""
+    resume_state = None
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        resume_state = load_checkpoint(run_dir)
+        cfg = resumed_config(load_run_config(run_dir), cfg)
+    validate(cfg)
+    device = pick_device(cfg.device)
+    if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
+        done = resume_state["iteration"]
+        raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "
+                        "to train it further")
+    if resume_state is None:
+        run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        run_dir.mkdir(parents=True)
+        write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+    print(run_dir, flush=True)  # first line: where everything goes
+
+    budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync")
+    apply_thread_budget(budget)
+    physics_threads = max(1, budget.physics // cfg.collectors)
+    algo = cfg.build_algorithm(torch.device(device.torch_device))
+    loop = train_off_policy if cfg.is_off_policy else train_on_policy
+    loop(cfg, run_dir, device, algo, resume_state, physics_threads)
+    return run_dir
+
+
+def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
+    """The saved config with the command line's RESUMABLE_OPTIONS; UserError if the command line
+    sets any other option to something else than the run has."""
+    for option, value, own in _changed(given, saved, TrainConfig(), ""):
+        if option not in RESUMABLE_OPTIONS:
+            raise UserError(f"--resume continues {given.resume} with its own options, but --{option.replace('_', '-')} "
+                            f"asks for {value!r} where the run has {own!r}; start a new run to change it")
+    return dataclasses.replace(saved, **{name: getattr(given, name) for name in RESUMABLE_OPTIONS})
+
+
+def _changed(given, saved, default, prefix: str):
+    """(option, given value, saved value) of each option set away from its default and the saved value."""
+    for option in dataclasses.fields(given):
+        value, own, unset = (getattr(config, option.name) for config in (given, saved, default))
+        if dataclasses.is_dataclass(value):
+            # The algorithms' groups have no prefix of their own on the command line (--ppo.*).
+            yield from _changed(value, own, unset, "" if option.name == "algos" else f"{prefix}{option.name}.")
+        elif value != unset and value != own:
+            yield f"{prefix}{option.name}", value, own

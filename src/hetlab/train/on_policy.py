@@ -1,0 +1,123 @@
+"""The on-policy loop of `hetlab train`: PPO and APPO.
+
+Top to bottom: lay out the rollout ring and the weight broadcast in shared memory; start the
+collectors through the pool; then per iteration take a staged batch, update, publish the new
+weights, log, and checkpoint. `sync` mode is collect → learn → collect (the collectors wait
+for each new version); `async` mode lets them run ahead into free ring slots. Whatever ends
+the run — the iteration or time budget, Ctrl-C (at the next iteration boundary, with a final
+checkpoint), a failed collector — the collectors are stopped and shared memory is unlinked;
+a run that was not failed writes its summary, trace and plots.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from pathlib import Path
+
+from hetlab.checkpoint import save_checkpoint
+from hetlab.devices import LearnerDevice
+from hetlab.runtime.collector import CollectorSpec, run_collector
+from hetlab.runtime.pool import CollectorJob, ProcessPool
+from hetlab.runtime.rollout_ring import RolloutRing
+from hetlab.runtime.staging import DeviceStager
+from hetlab.measure.timeline import SpanRecorder
+from hetlab.runtime.weights import WeightBroadcast
+from hetlab.train.run import RunRecord, console, interrupt_guard, mean
+
+
+def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
+                    physics_threads: int) -> None:
+    sync = cfg.resolved_mode == "sync"
+    iteration = 0
+    if resume_state is not None:
+        algo.load_state_dict(resume_state["algo"])
+        iteration = resume_state["iteration"]
+    collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
+    episode_returns: deque[float] = deque(maxlen=100)
+    episode_lengths: deque[float] = deque(maxlen=100)
+    first_iteration = iteration
+    start = time.perf_counter()
+    stopped_by = "max_iterations"
+    with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+            RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
+            WeightBroadcast(algo.actor.state_dict()) as weights, ProcessPool() as pool:
+        timeline = record.timeline
+        stager = None
+        try:
+            weights.publish(algo.actor.state_dict(), version=iteration)
+            actor_copy = copy.deepcopy(algo.actor).cpu()
+            pool.start([CollectorJob(run_collector, (CollectorSpec(
+                index=index, task=cfg.task,
+                task_options={"num_envs": cfg.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
+                              "seed": cfg.seed * 1000 + index},
+                horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
+                seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
+            ), actor_copy, ring, weights)) for index in range(cfg.collectors)])
+            stager = DeviceStager(ring, cfg.collectors, device)
+            stager.start()
+            learner = SpanRecorder()
+            while iteration < cfg.max_iterations:
+                if cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds:
+                    stopped_by = "max_seconds"
+                    break
+                with learner.span("wait_data"):
+                    staged = pool.next_staged(stager, interrupted)
+                if interrupted.is_set():
+                    stopped_by = "interrupted"
+                    console.print("[yellow]interrupted: stopping after a final checkpoint[/]")
+                    break
+                batch, metas = staged
+                if sync and any(meta["version"] != iteration for meta in metas):
+                    raise RuntimeError(f"a sync rollout was collected with weights {[m['version'] for m in metas]}, "
+                                       f"not the newest ({iteration})")
+                with learner.span("update"):
+                    metrics = algo.update(batch)
+                    weights.publish(algo.actor.state_dict(), version=iteration + 1)
+                lag = float(iteration - batch["policy_version"].float().mean().item())
+                for meta in metas:
+                    episode_returns.extend(meta["episode_returns"])
+                    episode_lengths.extend(meta["episode_lengths"])
+                    timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
+                    timeline.add(iteration, "stager", meta.get("transfer_spans", []))
+                    collector_states[meta["collector"]] = meta["state"]
+                timeline.add(iteration, "learner", learner.take())
+                steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, resumed sessions included
+                wall = time.perf_counter() - start
+                record.log({
+                    "iteration": iteration,
+                    "env_steps": steps,
+                    "wall_seconds": wall,
+                    "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,
+                    "mean_reward": mean(episode_returns),
+                    "episode_length": mean(episode_lengths),
+                    "policy_lag": lag,
+                    "learner_utilisation": timeline.fraction("learner", ("update",)),
+                    "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
+                                                   for i in range(cfg.collectors)]),
+                    **{f"loss/{k}": v for k, v in metrics.items()},
+                }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
+                iteration += 1
+                if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
+                    _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
+        finally:
+            wall = time.perf_counter() - start  # the run's own time, before the shutdown below
+            if stager is not None:
+                stager.stop()
+            pool.stop(ring.drain_one)
+    if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
+        _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
+    record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
+
+
+def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool) -> None:
+    # The collectors' states match the learner's at a sync run's iteration boundaries (also
+    # when it stops early); an async run resumes from fresh episodes instead.
+    exact = sync and all(state is not None for state in collector_states)
+    save_checkpoint(run_dir, iteration, {
+        "iteration": iteration,
+        "algo": algo.state_dict(),
+        "collectors": collector_states if exact else [None] * len(collector_states),
+    })
+    record.save_history()

@@ -1,0 +1,168 @@
+"""A training run's directory and record, shared by the on- and off-policy loops.
+
+`RunRecord` is what a loop writes into: per iteration a TensorBoard row and a console line,
+at every checkpoint history.json (so a crash keeps the rows up to its last checkpoint), and at
+the end summary.json, the Chrome trace and the plots. A resumed session continues the record of
+the earlier ones — rows, wall-clock time, time breakdown, trace — so resuming never shrinks
+what a run has written. `interrupt_guard()` turns Ctrl-C into a flag the loops check at
+iteration boundaries, where a checkpoint is consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import statistics
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+from hetlab.files import atomic_path, write_text_atomic
+from hetlab.measure.timeline import Timeline
+
+console = Console()
+
+
+def mean(values) -> float:
+    return float(statistics.fmean(values)) if values else float("nan")
+
+
+@contextmanager
+def interrupt_guard():
+    """An Event that Ctrl-C sets instead of raising KeyboardInterrupt, for the block's duration."""
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class RunRecord:
+    """The files of `run_dir` that describe the run, continued from earlier sessions when resuming
+    at `first_iteration` (rows from that iteration on are dropped: this session logs them again)."""
+
+    def __init__(self, run_dir: Path, cfg, first_iteration: int = 0):
+        from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
+
+        self.run_dir, self.cfg = run_dir, cfg
+        self.first_iteration = first_iteration
+        self.history = [row for row in _read_json(run_dir / "history.json", []) if row["iteration"] < first_iteration]
+        self._earlier_rows = len(self.history)
+        previous = _read_json(run_dir / "summary.json", {}) if first_iteration else {}
+        self.sessions: list[dict] = previous.get("sessions", [])
+        # Wall-clock time goes on from where the rows kept stop, so the reward curve stays one line.
+        self.wall_offset = self.history[-1]["wall_seconds"] if self.history else 0.0
+        self.timeline = Timeline()
+        if first_iteration:
+            self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
+                                        _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, row: dict, reward_terms: dict[str, float]) -> None:
+        """An iteration's row (its wall_seconds counted within this session) to TensorBoard
+        (against env steps), the console and the history."""
+        row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"]}
+        steps = row["env_steps"]
+        for name, value in reward_terms.items():
+            self.writer.add_scalar(f"reward_terms/{name}", value, steps)
+        for key, value in row.items():
+            if key != "iteration":
+                self.writer.add_scalar(key if "/" in key else f"train/{key}", value, steps)
+        console.print(
+            f"it {row['iteration']:5d} | {row['env_steps_per_s']:7,.0f} steps/s | reward {row['mean_reward']:8.3f} | "
+            f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
+            f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}",
+            highlight=False, soft_wrap=True,
+        )
+        self.history.append(row)
+
+    @property
+    def session_rows(self) -> list[dict]:
+        """The rows this session logged."""
+        return self.history[self._earlier_rows:]
+
+    def save_history(self) -> None:
+        write_text_atomic(self.run_dir / "history.json", json.dumps(self.history))
+
+    def __enter__(self) -> RunRecord:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.writer.close()
+
+    def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
+        """summary.json (the whole run, and each session), history.json, the Chrome trace and the
+        plots; `session_steps`: env steps collected in this session."""
+        cfg, history = self.cfg, self.history
+        session = {
+            "first_iteration": self.first_iteration,
+            "iterations": len(self.session_rows),
+            "env_steps": session_steps,
+            "wall_seconds": wall,
+            "env_steps_per_s": session_steps / wall if wall else 0.0,
+            "stopped_by": stopped_by,
+        }
+        self.sessions.append(session)
+        rewards = [row["mean_reward"] for row in history if row["mean_reward"] == row["mean_reward"]]
+        summary = {
+            "task": cfg.task,
+            "algo": cfg.algo,
+            "mode": cfg.resolved_mode,
+            "stopped_by": stopped_by,
+            "iterations": len(history),
+            "env_steps": history[-1]["env_steps"] if history else 0,
+            "wall_seconds": self.wall_offset + wall,
+            "env_steps_per_s": session["env_steps_per_s"],  # this session's: earlier ones may have run elsewhere
+            "mean_reward_first": rewards[0] if rewards else None,
+            "mean_reward_last": rewards[-1] if rewards else None,
+            "policy_lag_mean": mean([row["policy_lag"] for row in history]),
+            "learner_idle_fraction": self.timeline.fraction("learner", ("wait_data",)),
+            "time_breakdown_s": self.timeline.summary(),
+            "sessions": self.sessions,
+        }
+        if history and "updates" in history[-1]:  # off-policy
+            summary |= {"updates": history[-1]["updates"], "updates_per_s": history[-1]["updates_per_s"]}
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        self.save_history()
+        self.timeline.write_chrome_trace(self.run_dir / "trace.json")
+        if history:
+            self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
+            _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
+        _print_summary(summary)
+        return summary
+
+
+def _read_json(path: Path, missing):
+    return json.loads(path.read_text()) if path.is_file() else missing
+
+
+def _plot_reward(path: Path, history: list[dict], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([row["wall_seconds"] / 60 for row in history], [row["mean_reward"] for row in history])
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_ylabel("mean episode return (last 100)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="run summary", show_header=False)
+    for key in ("stopped_by", "iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_reward_first",
+                "mean_reward_last", "policy_lag_mean", "learner_idle_fraction"):
+        value = summary[key]
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
+    console.print(table)
