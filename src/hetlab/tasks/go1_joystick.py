@@ -22,6 +22,8 @@ from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
+from hetlab.tasks.terms import (FeetState, feet_clearance, joint_limit_violation, mechanical_power, pose_similarity,
+                                squared_norm, stand_still, torque_magnitude, velocity_tracking)
 
 LEGS = ("FR", "FL", "RR", "RL")
 JOINTS = [f"{leg}_{part}_joint" for leg in LEGS for part in ("hip", "thigh", "calf")]
@@ -65,7 +67,7 @@ class Go1JoystickFlat(Task):
     action_size = 12
     reward_scale = control_dt
     reward_floor = 0.0  # as Playground: a step never scores below zero, so falling early never pays
-    state_arrays = Task.state_arrays + ("_air_time", "_swing_peak", "_last_contact", "commands.values")
+    state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values")
     reward_weights = {
         "tracking_lin_vel": 1.0,
         "tracking_ang_vel": 0.5,
@@ -137,9 +139,7 @@ class Go1JoystickFlat(Task):
             self.randomiser.apply(np.arange(self.num_envs))
         n = self.num_envs
         self._targets = np.tile(DEFAULT_POSE, (n, 1))
-        self._air_time = np.zeros((n, 4))
-        self._swing_peak = np.zeros((n, 4))
-        self._last_contact = np.zeros((n, 4), bool)
+        self.feet = FeetState(n, len(LEGS), self.dt)
         self._step_proprio: tuple[np.ndarray, ...] | None = None
         # What the critic sees of the physics parameters when nothing is randomised.
         self._nominal_params = np.tile(np.float32([FLOOR_FRICTION, 1.0, 1.0]), (n, 1))
@@ -147,7 +147,8 @@ class Go1JoystickFlat(Task):
     @staticmethod
     def _contiguous(indices: list[int]) -> slice:
         # The 12 leg joints follow the free joint in order; a slice keeps every read a view.
-        assert indices == list(range(indices[0], indices[0] + len(indices))), indices
+        if indices != list(range(indices[0], indices[0] + len(indices))):
+            raise ValueError(f"the Go1 model's leg joints are not stored in order: {indices}")
         return slice(indices[0], indices[0] + len(indices))
 
     # -- dynamics ---------------------------------------------------------------------------
@@ -177,21 +178,12 @@ class Go1JoystickFlat(Task):
         self._torques = np.clip(kp * (self._targets - self._joint_pos), -FORCE_LIMIT, FORCE_LIMIT)
         self._fell = (self._gravity[:, 2] > 0.0) | (self.sim.qpos[:, 2] < MIN_TRUNK_HEIGHT)
 
-        feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
-        self._feet_z = feet_z
+        self._feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
         self._feet_speed_xy2 = np.square(np.stack([v[:, :2] for v in self._feet_vel], axis=1)).sum(axis=2)
-        contact = feet_z < CONTACT_HEIGHT
-        self._contact = contact
-        self._contact_filtered = contact | self._last_contact
-        self._first_contact = (self._air_time > 0.0) & self._contact_filtered
-        self._air_time += self.dt
-        np.maximum(self._swing_peak, feet_z, out=self._swing_peak)
+        self.feet.update(self._feet_z, self._feet_z < CONTACT_HEIGHT)
 
     def _advance(self) -> None:
-        swinging = ~self._contact_filtered
-        self._air_time *= swinging
-        self._swing_peak *= swinging
-        self._last_contact = self._contact
+        self.feet.advance()
         self.commands.update(self.episode_step)
 
     def _terminated(self) -> np.ndarray:
@@ -204,24 +196,22 @@ class Go1JoystickFlat(Task):
         torques = self._torques
         cmd_norm = np.sqrt(np.square(cmd).sum(axis=1))
         return {
-            "tracking_lin_vel": np.exp(-np.square(cmd[:, :2] - v[:, :2]).sum(axis=1) / TRACKING_SIGMA),
-            "tracking_ang_vel": np.exp(-np.square(cmd[:, 2] - gyro[:, 2]) / TRACKING_SIGMA),
+            "tracking_lin_vel": velocity_tracking(cmd[:, :2], v[:, :2], TRACKING_SIGMA),
+            "tracking_ang_vel": velocity_tracking(cmd[:, 2:], gyro[:, 2:], TRACKING_SIGMA),
             "lin_vel_z": np.square(self.sim.qvel[:, 2]),
-            "ang_vel_xy": np.square(gyro[:, :2]).sum(axis=1),
-            "orientation": np.square(self._gravity[:, :2]).sum(axis=1),
-            "dof_pos_limits": (
-                np.clip(SOFT_LOW - self._joint_pos, 0.0, None) + np.clip(self._joint_pos - SOFT_HIGH, 0.0, None)
-            ).sum(axis=1),
-            "pose": np.exp(-(POSE_WEIGHTS * np.square(q)).sum(axis=1)),
+            "ang_vel_xy": squared_norm(gyro[:, :2]),
+            "orientation": squared_norm(self._gravity[:, :2]),
+            "dof_pos_limits": joint_limit_violation(self._joint_pos, SOFT_LOW, SOFT_HIGH),
+            "pose": pose_similarity(q, POSE_WEIGHTS),
             "termination": self._fell.astype(np.float64),
-            "stand_still": np.abs(q).sum(axis=1) * (cmd_norm < 0.01),
-            "torques": np.sqrt(np.square(torques).sum(axis=1)) + np.abs(torques).sum(axis=1),
-            "action_rate": np.square(actions - self.last_actions).sum(axis=1),
-            "energy": (np.abs(self._joint_vel) * np.abs(torques)).sum(axis=1),
-            "feet_clearance": (np.abs(self._feet_z - MAX_FOOT_HEIGHT) * np.sqrt(np.sqrt(self._feet_speed_xy2))).sum(axis=1),
-            "feet_height": (np.square(self._swing_peak / MAX_FOOT_HEIGHT - 1.0) * self._first_contact).sum(axis=1),
-            "feet_slip": (self._feet_speed_xy2 * self._contact).sum(axis=1),
-            "feet_air_time": ((self._air_time - AIR_TIME_TARGET) * self._first_contact).sum(axis=1) * (cmd_norm > 0.05),
+            "stand_still": stand_still(q, cmd_norm),
+            "torques": torque_magnitude(torques),
+            "action_rate": squared_norm(actions - self.last_actions),
+            "energy": mechanical_power(self._joint_vel, torques),
+            "feet_clearance": feet_clearance(self._feet_z, self._feet_speed_xy2, MAX_FOOT_HEIGHT),
+            "feet_height": self.feet.landing_height_error(MAX_FOOT_HEIGHT),
+            "feet_slip": self.feet.slip(self._feet_speed_xy2),
+            "feet_air_time": self.feet.air_time_reward(AIR_TIME_TARGET, cmd_norm > 0.05),
         }
 
     def _observe(self, ids: Index) -> Obs:
@@ -234,7 +224,7 @@ class Go1JoystickFlat(Task):
         critic = np.empty((n, self.obs_sizes["critic"]), np.float32)
         columns = (
             linvel, gyro, gravity, joint_pos - DEFAULT_POSE, joint_vel, self.last_actions[ids], self.commands.values[ids],
-            self.sim.qpos[ids, 2:3], self._last_contact[ids], self._air_time[ids],
+            self.sim.qpos[ids, 2:3], self.feet.last_contact[ids], self.feet.air_time[ids],
             np.stack([p[ids, 2] for p in self._feet_pos], axis=1),
             self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
         )
@@ -254,7 +244,5 @@ class Go1JoystickFlat(Task):
         qpos[ids, 0:2] += self.rng.uniform(-0.5, 0.5, (k, 2))
         qpos[ids, 3:7] = yaw_quat(self.rng.uniform(-np.pi, np.pi, k))
         qvel[ids, 0:6] = self.rng.uniform(-0.5, 0.5, (k, 6))
-        self._air_time[ids] = 0.0
-        self._swing_peak[ids] = 0.0
-        self._last_contact[ids] = False
+        self.feet.reset(ids)
         self.commands.resample(ids)
