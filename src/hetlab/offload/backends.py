@@ -146,8 +146,10 @@ class OpenVinoBackend(EncoderBackend):
         self.model_path = prefix_model(visual, self.boundary, self.image_size, self.workdir, self.precision,
                                        self.quantise, calibration)
         try:
-            # OpenVINO's CPU plugin runs float ops in bf16 where the CPU has it unless told not to.
-            config = {"INFERENCE_PRECISION_HINT": "f32"} if self.precision == "fp32" else {}
+            # OpenVINO's CPU plugin runs float ops in bf16 where the CPU has it unless told not to. An INT8
+            # model's float ops (norms, softmax) run in f32 too: as exact as the FP32 encoder's on every
+            # CPU, and an ISA cap below bf16 (ONEDNN_MAX_CPU_ISA) leaves no bf16 kernels.
+            config = {"INFERENCE_PRECISION_HINT": "f32"} if self.precision == "fp32" or self.device == "CPU" else {}
             self.compiled = self.core.compile_model(str(self.model_path), self.device, config)
         except RuntimeError as e:
             if self.precision == "int8" and not self.quantise.symmetric_activations:
