@@ -372,12 +372,15 @@ def offload_fidelity(cfg: Annotated[FidelityConfig, tyro.conf.arg(name="")]) -> 
                           heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"),
                           threads=cfg.threads, progress=progress)
     if cfg.json:
-        _print_json({str(k): v for k, v in result.items()})
+        _print_json(dataclasses.asdict(result))
         return
     table = Table("boundary", "cosine (INT8 vs FP32)", f"goal ≥ {GOAL}", title=f"fidelity, {cfg.quantise.method} calibration")
-    for k, cosine in result.items():
+    for k, cosine in result.cosines.items():
         table.add_row(f"L{k}", f"{cosine:.5f}", "met" if cosine >= GOAL else "[red]missed[/]")
     console.print(table)
+    console.print(result.choice, highlight=False, soft_wrap=True)
+    if result.below_goal:
+        console.print(f"[red]{result.below_goal}[/]", highlight=False, soft_wrap=True)
 
 
 @offload.command(name="devices")

@@ -4,6 +4,8 @@ close to the FP32 encoder's at every boundary."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,8 +13,10 @@ import hetlab.imitation.phase_a as phase_a
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
+from hetlab.offload.cpu_isa import CpuFeatures, int8_kernels
 from hetlab.offload.fidelity import (CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames,
-                                     fidelity)
+                                     fidelity, shortfall)
+from hetlab.offload.quantise import QuantiseConfig
 
 # The tiny run (5 steps) measured cosines 0.99985, 0.99981, 0.99976, 0.99976 at k = 1..4 on the
 # held-out episode; 0.998 leaves ten times that error as margin, and a broken INT8 prefix lands far below.
@@ -43,7 +47,33 @@ def test_int8_fidelity_of_a_phase_a_run(tiny_aloha_dataset, tmp_path, monkeypatc
     monkeypatch.setattr(phase_a, "cpu_count", lambda: 1)  # train_phase_a sizes its torch threads by the cores
     run = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1",
                                      runs_dir=tmp_path, steps=5, loader_workers=0))
-    cosines = fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
-    assert sorted(cosines) == [1, 2, 3, 4]
-    assert min(cosines.values()) >= INT8_COSINE, cosines
+    result = fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
+    assert sorted(result.cosines) == [1, 2, 3, 4]
+    assert min(result.cosines.values()) >= INT8_COSINE, result.cosines
+    assert result.below_goal is None
     assert len(list((run / "offload").glob("prefix-k*-int8-percentile-99.999-Conv_MatMul-*.onnx"))) == 4
+    # The overflow fix as decided for this CPU's kernels, named with them.
+    kernels = int8_kernels("onnxruntime", "CPUExecutionProvider")
+    fix = "on" if kernels.saturating else "off"
+    assert result.quantise == dataclasses.asdict(QuantiseConfig(overflow_fix=fix))
+    assert result.int8_kernels == kernels.describe()
+    assert result.choice == f"overflow fix {fix} for {kernels}"
+
+
+def test_a_missed_goal_says_why_and_what_to_try():
+    avx2 = int8_kernels("onnxruntime", "CPUExecutionProvider", CpuFeatures("AMD EPYC 7763", "x86_64",
+                                                                           frozenset({"avx2"})), environ={})
+    vnni = int8_kernels("openvino", "CPU", CpuFeatures("Xeon", "x86_64", frozenset({"avx2", "avx512f", "avx512_vnni"})),
+                        environ={})
+    cosines = {1: 0.99901, 2: 0.98413}
+    assert shortfall({1: 0.99901}, "off", avx2) is None
+    assert shortfall(cosines, "off", avx2) == (
+        f"below the 0.9975 goal on this CPU at L2 0.98413: {avx2.reason}; quantise with the overflow fix "
+        "(--quantise.overflow-fix on, or auto)")
+    assert "(vpmaddubsw); the overflow fix is on and not enough: try another calibration" in shortfall(cosines, "on", avx2)
+    assert shortfall(cosines, "off", vnni).endswith(
+        ": AVX-512 VNNI sums int8 products in 32 bits; the loss is the quantisation's own: try another calibration "
+        "(--quantise.method, --quantise.percentile) or fewer quantised operator types (--quantise.op-types)")
+    assert shortfall(cosines, "off", int8_kernels("openvino", "NPU")).startswith(
+        "below the 0.9975 goal on openvino NPU at L2 0.98413: NPU does not run the x86 CPU kernels that saturate; "
+        "the loss is the quantisation's own")

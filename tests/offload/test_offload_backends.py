@@ -14,6 +14,7 @@ import torch
 from hetlab.errors import UserError
 from hetlab.offload.backends import (OPENVINO_MISSING, OnnxRuntimeBackend, OpenVinoBackend, TorchBackend,
                                      available_offload_devices, make_backend)
+from hetlab.offload.cpu_isa import int8_kernels
 from hetlab.offload.fidelity import mean_cosine
 from hetlab.offload.quantise import QuantiseConfig
 
@@ -58,9 +59,11 @@ def test_int8_prefix_tokens_continue_to_every_layer(visual, workdir, fp32_prefix
     assert len(layers) == 4
     for i, (got, want) in enumerate(zip(layers, every_layer), start=1):
         assert mean_cosine(got, want) >= INT8_COSINE, f"boundary {k}, layer {i}"
+    kernels = int8_kernels("onnxruntime", "CPUExecutionProvider")  # this CPU's: the overflow fix is decided for it
     assert backend.describe() == {"backend": "onnxruntime", "provider": "CPUExecutionProvider", "precision": "int8",
                                   "boundary": k, "threads": None, "model": str(backend.model_path),
-                                  "quantise": dataclasses.asdict(QuantiseConfig())}
+                                  "quantise": dataclasses.asdict(QuantiseConfig().resolved(kernels)),
+                                  "int8_kernels": kernels.describe()}
 
 
 def test_fp32_onnx_runtime_and_torch_backends_agree(visual, workdir, fp32_prefixes, batch):

@@ -249,9 +249,11 @@ def fidelity_section(fidelity: dict | None) -> str:
     if not fidelity:
         return "## Fidelity\n\nThe INT8-vs-FP32 fidelity of the offloaded encoder was not measured in this study."
     rows = [[str(k), f"{cosine:.5f}", "yes" if cosine >= FIDELITY_GOAL else "no"]
-            for k, cosine in sorted((int(k), cosine) for k, cosine in fidelity.items())]
+            for k, cosine in sorted((int(k), cosine) for k, cosine in fidelity["cosines"].items())]
     return ("## Fidelity\n\nCosine similarity between the INT8 and the FP32 encoder's outputs at each offloaded "
-            "boundary k.\n\n" + table(["boundary k", "cosine", f"meets ≥ {FIDELITY_GOAL}"], rows))
+            "boundary k.\n\n" + table(["boundary k", "cosine", f"meets ≥ {FIDELITY_GOAL}"], rows)
+            + f"\n\nQuantised with {fidelity['choice']}."
+            + (f" **Fidelity {fidelity['below_goal']}.**" if fidelity["below_goal"] else ""))
 
 
 def cache_section(runs: dict[str, list[Run]]) -> str:

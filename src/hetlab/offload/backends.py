@@ -6,6 +6,8 @@ once, then `run(images, state)` → [x0, …, xk], the k + 1 token arrays `encod
 ONNX backends export (and quantise) the prefix into a work directory and reuse the file on the
 next run with the same settings; the file name holds the settings and a digest of the weights,
 image size and calibration frames, so a resumed or retrained encoder never meets a stale file.
+An INT8 backend decides the quantisation's overflow fix for the int8 kernels of its own provider or
+device (`cpu_isa`), so a file made for one CPU's kernels is not reused for another's.
 A requested device that is missing is an error, never a silent fall back to another.
 """
 
@@ -23,6 +25,7 @@ import torch
 
 from hetlab.errors import UserError
 from hetlab.onnx_export import require_onnx_runtime
+from hetlab.offload.cpu_isa import int8_kernels
 from hetlab.offload.export import cut_prefix, export_prefix, onnx_inputs, output_names
 from hetlab.offload.quantise import QuantiseConfig, quantise_prefix
 from hetlab.policies.ar_actor import VisualEncoder
@@ -95,7 +98,9 @@ class OnnxRuntimeBackend(EncoderBackend):
                             "onnxruntime build that ships it (e.g. onnxruntime-gpu for CUDAExecutionProvider)")
         _check_precision(precision)
         self.boundary, self.image_size, self.workdir = boundary, tuple(image_size), Path(workdir)
-        self.provider, self.precision, self.quantise, self.threads = provider, precision, quantise, threads
+        self.provider, self.precision, self.threads = provider, precision, threads
+        self.kernels = int8_kernels("onnxruntime", provider)
+        self.quantise = quantise.resolved(self.kernels)
         self.model_path: Path | None = None
         self.session = None
 
@@ -119,7 +124,7 @@ class OnnxRuntimeBackend(EncoderBackend):
     def describe(self) -> dict:
         return {"backend": self.name, "provider": self.provider, "precision": self.precision,
                 "boundary": self.boundary, "threads": self.threads, "model": str(self.model_path),
-                **({"quantise": dataclasses.asdict(self.quantise)} if self.precision == "int8" else {})}
+                **(_int8_settings(self) if self.precision == "int8" else {})}
 
 
 class OpenVinoBackend(EncoderBackend):
@@ -138,7 +143,9 @@ class OpenVinoBackend(EncoderBackend):
             raise UserError(f"OpenVINO here has no device {device} (it has {', '.join(self.core.available_devices)})")
         _check_precision(precision)
         self.boundary, self.image_size, self.workdir = boundary, tuple(image_size), Path(workdir)
-        self.device, self.precision, self.quantise = device, precision, quantise
+        self.device, self.precision = device, precision
+        self.kernels = int8_kernels("openvino", device)
+        self.quantise = quantise.resolved(self.kernels)
         self.model_path: Path | None = None
         self.compiled = None
 
@@ -146,8 +153,10 @@ class OpenVinoBackend(EncoderBackend):
         self.model_path = prefix_model(visual, self.boundary, self.image_size, self.workdir, self.precision,
                                        self.quantise, calibration)
         try:
-            # OpenVINO's CPU plugin runs float ops in bf16 where the CPU has it unless told not to.
-            config = {"INFERENCE_PRECISION_HINT": "f32"} if self.precision == "fp32" else {}
+            # OpenVINO's CPU plugin runs float ops in bf16 where the CPU has it unless told not to. An INT8
+            # model's float ops (norms, softmax, the products the overflow fix keeps) run in f32 too: as
+            # exact as the FP32 encoder's on every CPU, and an ISA cap below bf16 leaves no bf16 kernels.
+            config = {"INFERENCE_PRECISION_HINT": "f32"} if self.precision == "fp32" or self.device == "CPU" else {}
             self.compiled = self.core.compile_model(str(self.model_path), self.device, config)
         except RuntimeError as e:
             if self.precision == "int8" and not self.quantise.symmetric_activations:
@@ -165,8 +174,7 @@ class OpenVinoBackend(EncoderBackend):
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": self.device, "precision": self.precision, "boundary": self.boundary,
-                "model": str(self.model_path),
-                **({"quantise": dataclasses.asdict(self.quantise)} if self.precision == "int8" else {})}
+                "model": str(self.model_path), **(_int8_settings(self) if self.precision == "int8" else {})}
 
 
 def prefix_model(visual: VisualEncoder, boundary: int, image_size: tuple[int, int], workdir: Path,
@@ -242,6 +250,11 @@ def available_offload_devices() -> dict[str, str]:
         devices["openvino"] = "available"
         devices.update({f"openvino:{device}": "available" for device in openvino.Core().available_devices})
     return devices
+
+
+def _int8_settings(backend: OnnxRuntimeBackend | OpenVinoBackend) -> dict:
+    """The quantisation as made (overflow fix decided) and the int8 kernels it was decided for."""
+    return {"quantise": dataclasses.asdict(backend.quantise), "int8_kernels": backend.kernels.describe()}
 
 
 def _check_precision(precision: str) -> None:

@@ -5,11 +5,14 @@ frames; fidelity is the mean over those frames of the cosine similarity between 
 x_k (the array the learner continues from, flattened per frame) and the FP32 torch encoder's.
 The study calibrates on 48 frames evenly spaced over episodes 0–7, measures on 40 frames evenly
 spaced over the held-out episodes 40–49, and aims for a cosine ≥ 0.9975 at every boundary.
+Besides the cosines it names the quantisation as made (the overflow fix decided for the provider's
+int8 kernels) and the CPU the kernels ran on, and says in words where a boundary misses the goal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ from hetlab.aloha.record import CAMERA_KEY
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.offload.backends import OnnxRuntimeBackend, TorchBackend
+from hetlab.offload.cpu_isa import Int8Kernels
 from hetlab.offload.quantise import QuantiseConfig
 
 CALIBRATION_EPISODES = range(0, 8)
@@ -27,12 +31,24 @@ HELDOUT_EPISODES = range(40, 50)
 CALIBRATION_FRAMES, HELDOUT_FRAMES = 48, 40
 GOAL = 0.9975  # the study's target cosine at every boundary
 RUN_BATCH = 8  # held-out frames per run, so full-size images fit in memory
+CALIBRATION_OPTIONS = "another calibration (--quantise.method, --quantise.percentile)"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """What `fidelity` measured and how the INT8 models were made and run (plain values, for JSON)."""
+
+    cosines: dict[int, float]  # boundary k → mean INT8-vs-FP32 cosine of x_k
+    quantise: dict  # the QuantiseConfig the models were made with, overflow_fix decided (on/off)
+    int8_kernels: dict  # where they ran: target, CPU model and flags, whether int8 sums saturate and why
+    choice: str  # the two above in words: "overflow fix on for onnxruntime CPUExecutionProvider on …"
+    below_goal: str | None  # None where every boundary meets GOAL; else where not, why, and what to try
 
 
 def fidelity(run_dir: Path | str, boundaries: Sequence[int] = (1, 2, 3, 4), dataset: Path | str | None = None,
              quantise: QuantiseConfig = QuantiseConfig(), provider: str = "CPUExecutionProvider", *,
              calibration_episodes: Sequence[int] = CALIBRATION_EPISODES,
-             heldout_episodes: Sequence[int] = HELDOUT_EPISODES, threads: int | None = None, progress=None) -> dict[int, float]:
+             heldout_episodes: Sequence[int] = HELDOUT_EPISODES, threads: int | None = None, progress=None) -> Fidelity:
     """Mean INT8-vs-FP32 cosine of x_k over the held-out frames, for each boundary k of a Phase-A run.
 
     The quantised models go to RUN_DIR/offload and are reused by later calls with the same settings.
@@ -63,7 +79,26 @@ def fidelity(run_dir: Path | str, boundaries: Sequence[int] = (1, 2, 3, 4), data
         cosines[k] = mean_cosine(_run_batched(backend, images, state)[k], expected[k])
         if job is not None:
             progress.update(job, advance=1, description=f"fidelity k={k}: {cosines[k]:.5f}")
-    return cosines
+    made = backends[boundaries[0]]  # every boundary's backend made the same choice for the same kernels
+    return Fidelity(cosines, asdict(made.quantise), made.kernels.describe(),
+                    f"overflow fix {made.quantise.overflow_fix} for {made.kernels}",
+                    shortfall(cosines, made.quantise.overflow_fix, made.kernels))
+
+
+def shortfall(cosines: dict[int, float], overflow_fix: str, kernels: Int8Kernels) -> str | None:
+    """Where the cosines miss GOAL, what the int8 kernels tell of why, and what to try; None where none misses."""
+    missed = ", ".join(f"L{k} {cosine:.5f}" for k, cosine in cosines.items() if cosine < GOAL)
+    if not missed:
+        return None
+    where = "this CPU" if kernels.cpu is not None else kernels.target
+    if kernels.saturating and overflow_fix == "off":
+        advice = "quantise with the overflow fix (--quantise.overflow-fix on, or auto)"
+    elif kernels.saturating:
+        advice = f"the overflow fix is on and not enough: try {CALIBRATION_OPTIONS}, a CPU with VNNI or AMX, or FP32"
+    else:
+        advice = (f"the loss is the quantisation's own: try {CALIBRATION_OPTIONS} or fewer quantised operator types "
+                  "(--quantise.op-types)")
+    return f"below the {GOAL} goal on {where} at {missed}: {kernels.reason}; {advice}"
 
 
 def _run_batched(backend, images: torch.Tensor, state: torch.Tensor) -> list[torch.Tensor]:

@@ -105,9 +105,10 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     if cfg.fidelity and offloaded:
         from hetlab.offload.fidelity import fidelity as measure_fidelity
 
-        fidelity = measure_fidelity(Path(cfg.from_run), offloaded, quantise=cfg.quantise,
-                                    calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
-                                    heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
+        fidelity = dataclasses.asdict(measure_fidelity(
+            Path(cfg.from_run), offloaded, quantise=cfg.quantise,
+            calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+            heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
     study = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
              "runs": {f"{c}-s{s}": str(path) for (c, s), path in runs.items()}, "fidelity": fidelity}
     return write_study_report(out, study, conditions, seeds, cfg.eval_seeds)
