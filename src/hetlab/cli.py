@@ -29,7 +29,7 @@ from hetlab.errors import UserError
 from hetlab.extras import installed_extras
 from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
 from hetlab.offload.quantise import QuantiseConfig
-from hetlab.offload.study import StudyConfig
+from hetlab.imitation.study import StudyConfig
 from hetlab.seeds import parse_seeds
 from hetlab.tasks import TASKS, make_config
 from hetlab.train.config import TrainConfig
@@ -363,14 +363,15 @@ class FidelityConfig:
 @offload.command(name="fidelity")
 def offload_fidelity(cfg: Annotated[FidelityConfig, tyro.conf.arg(name="")]) -> None:
     """Cosine similarity of the INT8 and FP32 tokens at each split boundary, on held-out frames (goal ≥ 0.9975)."""
-    from hetlab.offload.fidelity import GOAL, fidelity
+    from hetlab.imitation.study import phase_a_fidelity
+    from hetlab.offload.fidelity import GOAL
 
     boundaries = parse_seeds(cfg.boundaries, "--boundaries")
     with Progress(console=err_console, transient=True) as progress:
-        result = fidelity(cfg.run, boundaries, cfg.dataset, cfg.quantise, cfg.provider,
-                          calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
-                          heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"),
-                          threads=cfg.threads, progress=progress)
+        result = phase_a_fidelity(cfg.run, boundaries, cfg.dataset, quantise=cfg.quantise, provider=cfg.provider,
+                                  calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+                                  heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes"),
+                                  threads=cfg.threads, progress=progress)
     if cfg.json:
         _print_json(dataclasses.asdict(result))
         return
@@ -397,7 +398,7 @@ def offload_devices() -> None:
 @offload.command(name="study")
 def offload_study(cfg: Annotated[StudyConfig, tyro.conf.arg(name="")]) -> None:
     """Phase B under every condition and training seed, evaluated and measured; writes report.md with tables and figures."""
-    from hetlab.offload.study import run_study
+    from hetlab.imitation.study import run_study
 
     with Progress(console=err_console) as progress:
         report = run_study(cfg, progress)

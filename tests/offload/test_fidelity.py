@@ -14,8 +14,8 @@ from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.offload.cpu_isa import CpuFeatures, int8_kernels
-from hetlab.offload.fidelity import (CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames,
-                                     fidelity, shortfall)
+from hetlab.imitation.study import phase_a_fidelity
+from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames, shortfall
 from hetlab.offload.quantise import QuantiseConfig
 
 # The tiny run (5 steps) measured cosines 0.99985, 0.99981, 0.99976, 0.99976 at k = 1..4 on the
@@ -40,14 +40,14 @@ def test_calibration_episodes_must_not_be_held_out(tmp_path):
     with pytest.raises(UserError, match=message):
         check_held_out(range(36, 42), HELDOUT_EPISODES)
     with pytest.raises(UserError, match=message):  # before anything is loaded
-        fidelity(tmp_path / "no-run", calibration_episodes=range(36, 42))
+        phase_a_fidelity(tmp_path / "no-run", (1,), calibration_episodes=range(36, 42))
 
 
 def test_int8_fidelity_of_a_phase_a_run(tiny_aloha_dataset, tmp_path, monkeypatch):
     monkeypatch.setattr(phase_a, "cpu_count", lambda: 1)  # train_phase_a sizes its torch threads by the cores
     run = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1",
                                      runs_dir=tmp_path, steps=5, loader_workers=0))
-    result = fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
+    result = phase_a_fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
     assert sorted(result.cosines) == [1, 2, 3, 4]
     assert min(result.cosines.values()) >= INT8_COSINE, result.cosines
     assert result.below_goal is None

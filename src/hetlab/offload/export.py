@@ -4,7 +4,7 @@ The graph is `VisualEncoder.encode_prefix(images, state, k)`: inputs "images" (f
 [batch, 3, H, W] in [0, 1]) and "state" (float32 [batch, 14], raw: the normalisation is inside),
 outputs "tokens_0" … "tokens_k" (float32 [batch, 1 + h·w, d_model]). Only the batch is free:
 the image size fixes the token grid, and accelerator compilers (QNN, VitisAI, OpenVINO NPU)
-want every other dimension static. Exported as `hetlab.export` exports policies: torch's
+want every other dimension static. Exported as `hetlab.deploy.export` exports policies: torch's
 torch.export-based exporter, weights inside the one file.
 
 Tracing takes seconds (most of it torch.export), so shallower prefixes can instead be cut out of

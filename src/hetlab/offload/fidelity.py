@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetlab.imitation.phase_a import load_policy
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.offload.backends import OnnxRuntimeBackend, TorchBackend
 from hetlab.offload.cpu_isa import Int8Kernels
 from hetlab.offload.quantise import QuantiseConfig
+from hetlab.policies.ar_actor import VisualEncoder
 
 CALIBRATION_EPISODES = range(0, 8)
 HELDOUT_EPISODES = range(40, 50)
@@ -45,26 +45,21 @@ class Fidelity:
     below_goal: str | None  # None where every boundary meets GOAL; else where not, why, and what to try
 
 
-def fidelity(run_dir: Path | str, boundaries: Sequence[int] = (1, 2, 3, 4), dataset: Path | str | None = None,
-             quantise: QuantiseConfig = QuantiseConfig(), provider: str = "CPUExecutionProvider", *,
-             calibration_episodes: Sequence[int] = CALIBRATION_EPISODES,
+def fidelity(visual: VisualEncoder, image_size: tuple[int, int], workdir: Path, dataset: Path | str,
+             boundaries: Sequence[int] = (1, 2, 3, 4), quantise: QuantiseConfig = QuantiseConfig(),
+             provider: str = "CPUExecutionProvider", *, calibration_episodes: Sequence[int] = CALIBRATION_EPISODES,
              heldout_episodes: Sequence[int] = HELDOUT_EPISODES, threads: int | None = None, progress=None) -> Fidelity:
-    """Mean INT8-vs-FP32 cosine of x_k over the held-out frames, for each boundary k of a Phase-A run.
+    """Mean INT8-vs-FP32 cosine of x_k over the held-out frames of `dataset` (at `image_size`), for
+    each boundary k of the (frozen) encoder `visual`.
 
-    The quantised models go to RUN_DIR/offload and are reused by later calls with the same settings.
+    The quantised models go to `workdir` and are reused by later calls with the same settings.
     `progress` (a rich Progress) shows one step per boundary."""
     check_held_out(calibration_episodes, heldout_episodes)
     if not boundaries:
         raise UserError("no split boundaries given: name at least one of 1..4")
-    model, config = load_policy(Path(run_dir))
-    visual = model.visual
     for k in boundaries:
         visual.check_boundary(k, lowest=1)
-    dataset = dataset or config["phase_a"].get("dataset")
-    if dataset is None:
-        raise UserError(f"{run_dir}: the run does not name its dataset; pass the cube-transfer dataset (--dataset)")
-    image_size = tuple(config["image_size"])
-    backends = {k: OnnxRuntimeBackend(k, image_size, Path(run_dir) / "offload", provider, "int8", quantise, threads)
+    backends = {k: OnnxRuntimeBackend(k, image_size, workdir, provider, "int8", quantise, threads)
                 for k in boundaries}  # a missing provider fails before any frame is decoded
     calibration = evenly_spaced_frames(dataset, calibration_episodes, CALIBRATION_FRAMES, image_size)
     images, state = (torch.from_numpy(x) for x in evenly_spaced_frames(dataset, heldout_episodes, HELDOUT_FRAMES,

@@ -19,9 +19,13 @@ from typing import Annotated
 
 import tyro
 
+from hetlab.devices import cpu_count
 from hetlab.errors import UserError
-from hetlab.offload.fidelity import check_held_out
+from hetlab.imitation.evaluate import EvalConfig, evaluate
+from hetlab.imitation.phase_a import load_policy, read_run_config
 from hetlab.imitation.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
+from hetlab.imitation.study_report import write_study_report
+from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, Fidelity, check_held_out, fidelity
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.seeds import parse_seeds
 
@@ -60,18 +64,12 @@ def conditions_of(text: str) -> list[str]:
 def _train(cfg: PhaseBConfig) -> None:
     import torch
 
-    from hetlab.devices import cpu_count
-
     torch.set_num_threads(cpu_count())
     train_phase_b(cfg)
 
 
 def run_study(cfg: StudyConfig, progress=None) -> Path:
     """Train, evaluate, report; returns the path of report.md."""
-    from hetlab.imitation.evaluate import EvalConfig, evaluate
-    from hetlab.imitation.phase_a import read_run_config
-    from hetlab.measure.study_report import write_study_report
-
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)
     parse_seeds(cfg.eval_seeds, "--eval-seeds")
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
@@ -100,15 +98,27 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
             if not (run_dir / "eval" / cfg.eval_seeds.replace(",", "_") / "results.json").is_file():
                 evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
                                     max_steps=cfg.eval_max_steps), progress)
-    fidelity = None
+    measured = None
     offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
     if cfg.fidelity and offloaded:
-        from hetlab.offload.fidelity import fidelity as measure_fidelity
-
-        fidelity = dataclasses.asdict(measure_fidelity(
+        measured = dataclasses.asdict(phase_a_fidelity(
             Path(cfg.from_run), offloaded, quantise=cfg.quantise,
             calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
             heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
     study = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
-             "runs": {f"{c}-s{s}": str(path) for (c, s), path in runs.items()}, "fidelity": fidelity}
+             "runs": {f"{c}-s{s}": str(path) for (c, s), path in runs.items()}, "fidelity": measured}
     return write_study_report(out, study, conditions, seeds, cfg.eval_seeds)
+
+
+def phase_a_fidelity(run_dir: Path, boundaries, dataset: Path | None = None, *,
+                     calibration_episodes=CALIBRATION_EPISODES, heldout_episodes=HELDOUT_EPISODES,
+                     **options) -> Fidelity:
+    """`fidelity` of a Phase-A run's encoder on its own dataset (or `dataset`); the INT8 prefixes
+    go to RUN/offload, where Phase B finds them."""
+    check_held_out(calibration_episodes, heldout_episodes)  # before the model is loaded
+    model, config = load_policy(Path(run_dir))
+    dataset = dataset or config["phase_a"].get("dataset")
+    if dataset is None:
+        raise UserError(f"{run_dir}: the run does not name its dataset; pass the cube-transfer dataset (--dataset)")
+    return fidelity(model.visual, tuple(config["image_size"]), Path(run_dir) / "offload", dataset, boundaries,
+                    calibration_episodes=calibration_episodes, heldout_episodes=heldout_episodes, **options)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hetlab.errors import UserError
-from hetlab.measure.study_report import write_study_report
+from hetlab.imitation.study_report import write_study_report
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, parameter_split
 
 TINY = {"d_model": 32, "heads": 2, "feedforward": 64, "expert_feedforward": 64, "backbone_width": 8, "chunk": 10}

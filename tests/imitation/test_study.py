@@ -7,7 +7,7 @@ import pytest
 
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.errors import UserError
-from hetlab.offload.study import StudyConfig, run_study
+from hetlab.imitation.study import StudyConfig, run_study
 
 
 @pytest.fixture(scope="module")
