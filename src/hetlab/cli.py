@@ -301,10 +301,23 @@ class AlohaTrainConfig:
     runs_dir: Path = Path("runs")
 
     def phase_config(self, cls):
-        """The options `cls` (PhaseAConfig or PhaseBConfig) has, leaving unset ones to its defaults."""
+        """The options `cls` (PhaseAConfig or PhaseBConfig) has, leaving unset ones to its defaults;
+        UserError for an option set that only the other phase has."""
         names = {f.name for f in dataclasses.fields(cls)}
+        defaults = AlohaTrainConfig()
+        for option in dataclasses.fields(self):
+            name = option.name
+            if name not in names and name != "phase" and getattr(self, name) != getattr(defaults, name):
+                other = "B" if self.phase == "A" else "A"
+                flag = "--from" if name == "from_run" else f"--{name.replace('_', '-')}"
+                raise UserError(f"{flag} is an option of Phase {other}; drop it or train --phase {other}")
         return cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                       if f.name in names and getattr(self, f.name) is not None})
+
+
+def _loss_line(run_dir: Path, steps: int, first_loss: float | None, last_loss: float | None) -> str:
+    loss = f"loss {first_loss:.4f} → {last_loss:.4f}" if first_loss is not None else "no loss logged yet"
+    return f"{run_dir}: step {steps}, {loss}"
 
 
 @aloha.command(name="train")
@@ -315,19 +328,16 @@ def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> Non
 
         run_dir = train_phase_a(cfg.phase_config(PhaseAConfig))
         history = read_history(run_dir)
-        if history:
-            console.print(f"{run_dir}: step {history[-1]['step']}, loss {history[0]['loss']:.4f} → "
-                          f"{history[-1]['loss']:.4f}", highlight=False, soft_wrap=True)
+        first, last = (history[0], history[-1]) if history else ({"loss": None}, {"step": 0, "loss": None})
+        console.print(_loss_line(run_dir, last["step"], first["loss"], last["loss"]), highlight=False, soft_wrap=True)
         return
     from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
-    if cfg.from_run is None:
-        raise UserError("--phase B needs --from RUN: the Phase-A run whose visual encoder it freezes")
     with Progress(console=err_console) as progress:
         run_dir = train_phase_b(cfg.phase_config(PhaseBConfig), progress)
     summary = json.loads((run_dir / "summary.json").read_text())
-    console.print(f"{run_dir}: {summary['steps']} steps, {summary['samples_per_s']:.1f} samples/s, loss "
-                  f"{summary['first_loss']:.4f} → {summary['last_loss']:.4f}", highlight=False, soft_wrap=True)
+    console.print(f"{_loss_line(run_dir, summary['steps'], summary['first_loss'], summary['last_loss'])}, "
+                  f"{summary['samples_per_s']:.1f} samples/s", highlight=False, soft_wrap=True)
 
 
 @aloha.command(name="eval")

@@ -204,7 +204,15 @@ def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_pa
     assert "step 10, loss" in result.stdout
     assert load_checkpoint(run)["step"] == 10
 
-    bad = hetlab("aloha", "train", "--dataset", str(tmp_path / "absent"), "--preset", "tiny")
-    assert bad.returncode == 2
-    assert "no such dataset directory" in bad.stderr and "Traceback" not in bad.stderr
-    assert len(bad.stderr.strip().splitlines()) == 1
+    for args, message in [
+        (["--dataset", str(tmp_path / "absent"), "--preset", "tiny"], "no such dataset directory"),
+        (["--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--steps", "0"], "--steps must be ≥ 1, got 0"),
+        (["--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--lr", "0"], "--lr must be > 0, got 0.0"),
+        (["--dataset", str(tiny_aloha_dataset), "--condition", "L2"], "--condition is an option of Phase B"),
+        (["--phase", "B", "--from", str(run), "--preset", "tiny"], "--preset is an option of Phase A"),
+        (["--phase", "B", "--from", str(run), "--compile", "on"], "--compile is an option of Phase A"),
+    ]:
+        bad = hetlab("aloha", "train", "--runs-dir", str(tmp_path / "refused"), *args)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "refused").exists()

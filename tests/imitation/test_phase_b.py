@@ -15,7 +15,7 @@ from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
 from hetlab.errors import UserError
 from hetlab.offload.feature_cache import FeatureCache
-from hetlab.imitation.phase_b import PhaseBConfig, frozen_encoder, new_action_expert, train_phase_b
+from hetlab.imitation.phase_b import PhaseBConfig, _backend, frozen_encoder, new_action_expert, train_phase_b
 
 STEPS = 4
 
@@ -27,8 +27,8 @@ def phase_a_run(tiny_aloha_dataset, tmp_path_factory) -> Path:
 
 
 def phase_b(run: Path, out: Path, **options) -> PhaseBConfig:
-    options = {"calibration_episodes": "0-1", **options}
-    return PhaseBConfig(from_run=run, seed=2000, steps=STEPS, train_episodes="0-1", out=out, **options)
+    options = {"calibration_episodes": "0-1", "steps": STEPS, **options}
+    return PhaseBConfig(from_run=run, seed=2000, train_episodes="0-1", out=out, **options)
 
 
 def final_expert(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -92,8 +92,42 @@ def test_cache_condition_reproduces_the_learner_only_batches(phase_a_run, learne
         torch.testing.assert_close(value, reference[key], atol=5e-3, rtol=1e-2)
 
 
+def test_a_resumed_run_ends_where_the_straight_one_does(phase_a_run, learner_run, tmp_path):
+    """The checkpoint holds the expert and its optimizer; batches, masks and dropout are functions of
+    (seed, step): 2 steps, then a resume to STEPS, give the straight run's weights exactly."""
+    first = train_phase_b(phase_b(phase_a_run, tmp_path / "resumed", condition="learner", steps=2))
+    resumed = train_phase_b(PhaseBConfig(resume=first, steps=STEPS))
+    assert resumed == first
+    expected, got = final_expert(learner_run), final_expert(resumed)
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["first_step"] == 2 and summary["samples"] == (STEPS - 2) * 8
+    with pytest.raises(UserError, match=f"already trained {STEPS} steps; pass --steps above {STEPS}"):
+        train_phase_b(PhaseBConfig(resume=first, steps=STEPS))
+    with pytest.raises(UserError, match="--lr asks for 0.001 where the run has 1e-05"):
+        train_phase_b(PhaseBConfig(resume=first, steps=STEPS + 2, lr=1e-3))
+    with pytest.raises(UserError, match="is a Phase-A run; resume it with --phase A"):
+        train_phase_b(PhaseBConfig(resume=phase_a_run, steps=STEPS))
+
+
+def test_the_learner_precision_is_the_one_asked_for(phase_a_run, learner_run, tmp_path):
+    bf16 = train_phase_b(phase_b(phase_a_run, tmp_path / "bf16", condition="learner", precision="bf16"))
+    assert json.loads((bf16 / "config.json").read_text())["phase_b"]["precision"] == "bf16"
+    expected, got = final_expert(learner_run), final_expert(bf16)
+    assert any(not torch.equal(got[key], expected[key]) for key in expected)  # autocast changed the sums
+
+
+def test_the_torch_offload_backend_runs_on_the_learner_device(phase_a_run):
+    model, _, _ = frozen_encoder(phase_a_run)
+    cfg = phase_b(phase_a_run, None, condition="L2", offload_device="torch", offload_precision="fp32")
+    backend = _backend(cfg, model, torch.device("meta"))  # a device other than the CPU, available everywhere
+    assert backend.describe()["device"] == "meta"
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"condition": "L5"}, "choose one of learner, L1, L2, L3, L4, cache"),
+    ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+    ({"steps": 0}, "--steps must be ≥ 1, got 0"),
     ({"condition": "L1", "offload_device": "ort:NoSuchExecutionProvider"}, "has no NoSuchExecutionProvider"),
     ({"condition": "L1", "calibration_episodes": "38-45"}, "both calibration and held-out"),
     ({"power_command": "false"}, "power"),

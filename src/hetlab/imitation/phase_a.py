@@ -81,8 +81,14 @@ class PhaseAConfig:
 
     @property
     def resolved(self) -> Preset:
+        """The preset with the steps and learning rate given; UserError for ones it cannot train with."""
+        if self.steps is not None and self.steps < 1:
+            raise UserError(f"--steps must be ≥ 1, got {self.steps}")
+        if self.lr is not None and not self.lr > 0:
+            raise UserError(f"--lr must be > 0, got {self.lr}")
         preset = PRESETS[self.preset]
-        return dataclasses.replace(preset, steps=self.steps or preset.steps, lr=self.lr or preset.lr)
+        return dataclasses.replace(preset, steps=preset.steps if self.steps is None else self.steps,
+                                   lr=preset.lr if self.lr is None else self.lr)
 
 
 def batch_indices(step: int, batch: int, frames: int, seed: int) -> np.ndarray:

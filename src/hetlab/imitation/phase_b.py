@@ -13,6 +13,10 @@ conditions differ only in where and at which precision the encoder ran.
 
 Measured: the per-stage time breakdown (producer: load, inference; learner: wait_data,
 transfer, encode, update), power per device with energy per sample, the learner's peak memory.
+
+A run resumes exactly (`resume`): the checkpoint holds the expert and its optimizer, and the
+batches, masks and dropout of a step depend only on (seed, step). Its time, power and memory
+figures then describe the resumed session.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -30,7 +35,7 @@ import torch
 from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
                                   open_dataset, read_run_config, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
-from hetlab.checkpoint import save_checkpoint
+from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
 from hetlab.devices import pick_device
 from hetlab.errors import UserError
@@ -48,21 +53,27 @@ from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 
 CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")
+DEFAULT_STEPS = 30_000
+# What a resumed run takes from the command line: its length and how it is run and measured.
+# Everything else is the run's own; a command line that asks for another value is refused.
+RESUMABLE_OPTIONS = ("steps", "max_seconds", "device", "checkpoint_every", "prefetch", "power_interval",
+                     "power_command", "power_pattern", "power_device", "resume")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PhaseBConfig:
-    from_run: Path  # the Phase-A run whose visual encoder is frozen
+    from_run: Path | None = None  # the Phase-A run whose visual encoder is frozen (a resumed run names its own)
     condition: str = "learner"  # learner | L1..L4 | cache
     seed: int = 2000  # training seed: action-expert init, data order, masks, dropout
-    steps: int = 30_000
+    steps: int | None = None  # default DEFAULT_STEPS; a resumed run keeps its own unless given
     batch: int = 8
     lr: float = 1e-5
     weight_decay: float = 1e-4
     grad_clip: float = 10.0
     train_episodes: str = "0-39"
     device: str = "auto"  # learner device
-    offload_device: str = "cpu"  # where L1..L4 run: cpu, cuda, openvino, ort:<ExecutionProvider>
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # learner autocast; auto = bf16 on capable GPUs
+    offload_device: str = "cpu"  # where L1..L4 run: cpu, cuda, openvino, ort:<ExecutionProvider>, torch
     offload_precision: str = "int8"  # of the offloaded prefix: int8 (A8W8 QDQ) or fp32
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
     calibration_episodes: str = f"{CALIBRATION_EPISODES.start}-{CALIBRATION_EPISODES.stop - 1}"
@@ -76,6 +87,7 @@ class PhaseBConfig:
     max_seconds: float = 0.0
     out: Path | None = None  # run directory; default runs/aloha-ar-actor/<timestamp>-B-<condition>-s<seed>
     runs_dir: Path = Path("runs")
+    resume: Path | None = None  # a Phase-B run to continue
 
     @property
     def boundary(self) -> int:
@@ -92,8 +104,31 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
         raise UserError(f"--offload-precision {cfg.offload_precision!r}: the offloaded prefix runs int8 or fp32")
     if cfg.cache_dtype not in ("fp16", "int8"):
         raise UserError(f"--cache-dtype {cfg.cache_dtype!r}: the feature cache stores fp16 or int8")
-    if cfg.steps < 1 or cfg.batch < 1:
-        raise UserError(f"--steps and --batch must be ≥ 1, got {cfg.steps} and {cfg.batch}")
+    for name in ("steps", "batch", "checkpoint_every", "prefetch"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(cfg, name)}")
+    if not cfg.lr > 0:
+        raise UserError(f"--lr must be > 0, got {cfg.lr}")
+
+
+def resumed_config(cfg: PhaseBConfig) -> PhaseBConfig:
+    """The resumed run's own config with the command line's RESUMABLE_OPTIONS; UserError if the
+    command line asks for another value of any other option."""
+    config = read_run_config(cfg.resume)
+    if config.get("phase") != "B":
+        raise UserError(f"{cfg.resume} is a Phase-{config.get('phase')} run; resume it with --phase "
+                        f"{config.get('phase')}, or pass a Phase-B run to --phase B --resume")
+    saved, defaults = _config_from_json(config["phase_b"]), PhaseBConfig()
+    for option in dataclasses.fields(PhaseBConfig):
+        name = option.name
+        value, own = getattr(cfg, name), getattr(saved, name)
+        if name not in RESUMABLE_OPTIONS and value != getattr(defaults, name) and value != own:
+            raise UserError(f"--resume continues {cfg.resume} with its own options, but --{name.replace('_', '-')} "
+                            f"asks for {value} where the run has {own}; start a new run to change it")
+    given = {name: getattr(cfg, name) for name in RESUMABLE_OPTIONS}
+    if given["steps"] is None:
+        given["steps"] = saved.steps
+    return dataclasses.replace(saved, **given)
 
 
 def new_action_expert(model_cfg: ARActorConfig, seed: int, phase_a_expert: ActionExpert) -> ActionExpert:
@@ -149,19 +184,20 @@ def load_phase_b_policy(run_dir: Path) -> PhaseBPolicy:
 def _config_from_json(saved: dict) -> PhaseBConfig:
     saved = dict(saved)
     saved["quantise"] = QuantiseConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["quantise"].items()})
-    for key in ("from_run", "out", "runs_dir"):
-        saved[key] = Path(saved[key]) if saved[key] is not None else None
+    for key in ("from_run", "out", "runs_dir", "resume"):
+        saved[key] = Path(saved[key]) if saved.get(key) is not None else None
     return PhaseBConfig(**saved)
 
 
-def _backend(cfg: PhaseBConfig, model: ARActor):
-    """The offload backend of an Lk condition; None when the learner runs the whole encoder."""
+def _backend(cfg: PhaseBConfig, model: ARActor, learner_device: torch.device = torch.device("cpu")):
+    """The offload backend of an Lk condition (`torch` runs on the learner's device); None when the
+    learner runs the whole encoder."""
     if cfg.boundary == 0:
         return None
     phase_a = read_run_config(cfg.from_run)
     image_size = tuple(phase_a["image_size"])
     backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
-                           precision=cfg.offload_precision, quantise=cfg.quantise)
+                           precision=cfg.offload_precision, quantise=cfg.quantise, learner_device=learner_device)
     calibration = None
     if cfg.offload_precision == "int8":
         calibration = evenly_spaced_frames(Path(phase_a["phase_a"]["dataset"]), _episodes(cfg.calibration_episodes),
@@ -192,11 +228,23 @@ def _meters(cfg: PhaseBConfig):
 
 
 def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
-    """Train one condition; returns the run directory (with summary.json)."""
+    """Train (or resume) one condition; returns the run directory (with summary.json)."""
     from torch.utils.tensorboard import SummaryWriter
 
+    state = None
+    if cfg.resume is not None:
+        cfg = resumed_config(cfg)
+        state = load_checkpoint(cfg.resume)
+    if cfg.from_run is None:
+        raise UserError("--phase B needs --from RUN: the Phase-A run whose visual encoder it freezes")
+    if cfg.steps is None:
+        cfg = dataclasses.replace(cfg, steps=DEFAULT_STEPS)
     model, phase_a, phase_a_step = frozen_encoder(cfg.from_run)
     validate(cfg, len(model.visual.layers))
+    first_step = state["step"] if state is not None else 0
+    if first_step >= cfg.steps:
+        raise UserError(f"{cfg.resume} has already trained {first_step} steps; pass --steps above {first_step} "
+                        "to train it further")
     device = pick_device(cfg.device)
     torch_device = torch.device(device.torch_device)
     height, width = phase_a["image_size"]
@@ -204,17 +252,29 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     meters, unavailable = _meters(cfg)
     # Made (exported, calibrated) before the run exists, so a missing provider or bad calibration
     # episodes stop here. It runs in the producer thread; learner-only encodes in its own step.
-    backend = _backend(cfg, model) if cfg.condition != "cache" else None
-    run_dir = cfg.out or cfg.runs_dir / RUN_KIND / f"{datetime.now():%Y%m%d-%H%M%S-%f}-B-{cfg.condition}-s{cfg.seed}"
+    backend = _backend(cfg, model, torch_device) if cfg.condition != "cache" else None
+    if hasattr(backend, "quantise"):  # the INT8 model as made for this offload device, overflow fix decided
+        cfg = dataclasses.replace(cfg, quantise=backend.quantise)
+    run_dir = cfg.resume or cfg.out or \
+        cfg.runs_dir / RUN_KIND / f"{datetime.now():%Y%m%d-%H%M%S-%f}-B-{cfg.condition}-s{cfg.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.json", json.dumps(
         {"kind": RUN_KIND, "phase": "B", "model": phase_a["model"], "image_size": phase_a["image_size"],
-         "phase_b": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}, indent=2))
+         "phase_b": json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(cfg, resume=None)), default=str))},
+        indent=2))
     print(run_dir, flush=True)
 
     visual = model.visual.to(torch_device)
     expert = new_action_expert(model.cfg, cfg.seed, model.action_expert).to(torch_device).train()
     optimizer = torch.optim.AdamW(expert.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    history = []
+    if state is not None:
+        if "optimizer" not in state:
+            raise UserError(f"{cfg.resume}: its checkpoint has no optimizer state, so it cannot continue exactly; "
+                            "train the condition again")
+        load_weights(expert, state["action_expert"], cfg.resume)
+        optimizer.load_state_dict(state["optimizer"])
+        history = [row for row in _read_history(run_dir) if row["step"] <= first_step]
     cache_info = None
     if cfg.condition == "cache":
         cache_dir = Path(cfg.from_run) / "offload" / f"cache-{cfg.cache_dtype}-{cfg.train_episodes}"
@@ -243,15 +303,23 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
 
     writer = SummaryWriter(str(run_dir / "tensorboard"))
     timeline, learner = Timeline(), SpanRecorder()
-    history, window = [], []
+    window = []
     reset_peak_memory(torch_device)
     sampler = PowerSampler(meters, interval=cfg.power_interval, unavailable=unavailable)
-    step, stopped_by = 0, "steps"
-    job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps) if progress is not None else None
+    step, stopped_by = first_step, "steps"
+    wall_offset = history[-1]["wall_s"] if history else 0.0  # the loss curve's clock goes on across sessions
+    job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps, completed=step) \
+        if progress is not None else None
     sampler.start()
     started = time.perf_counter()
+
+    def checkpoint() -> None:
+        save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(),
+                                        "step": step})
+        write_text_atomic(run_dir / "history.json", json.dumps(history))  # a crash keeps the rows up to here
+
     try:
-        with Prefetcher(range(cfg.steps), load, encode, cfg.prefetch) as prefetcher:
+        with Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
             while True:
                 with learner.span("wait_data"):
                     prepared = prefetcher.get()
@@ -279,7 +347,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
                                                step_generator(cfg.seed, step)).to(torch_device)
                     target = expert.normalise(actions)
-                    with autocast(device, "auto"):
+                    with autocast(device, cfg.precision):
                         predicted = expert(layer_tokens, target, mask)
                     loss = chunk_l1(predicted.float(), target, is_pad)
                     optimizer.zero_grad(set_to_none=True)
@@ -291,14 +359,15 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                 timeline.add(step, "learner", learner.take())
                 step += 1
                 if step % 10 == 0 or step == cfg.steps:
-                    row = {"step": step, "loss": float(np.mean(window)), "wall_s": time.perf_counter() - started}
+                    row = {"step": step, "loss": float(np.mean(window)),
+                           "wall_s": wall_offset + time.perf_counter() - started}
                     history.append(row)
                     writer.add_scalar("train/loss", row["loss"], step)
                     window = []
                 if job is not None:
                     progress.update(job, completed=step)
                 if step % cfg.checkpoint_every == 0:
-                    save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "step": step})
+                    checkpoint()
                 if cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds:
                     stopped_by = "max_seconds"
                     break
@@ -306,12 +375,12 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         wall = time.perf_counter() - started
         sampler.stop()
         writer.close()
-    save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "step": step})
-    samples = step * cfg.batch
+    checkpoint()
+    samples = (step - first_step) * cfg.batch  # this session's: time, power and memory are measured over it
     energy = sampler.report()
     summary = {
-        "condition": cfg.condition, "seed": cfg.seed, "steps": step, "samples": samples, "stopped_by": stopped_by,
-        "wall_s": wall, "samples_per_s": samples / wall,
+        "condition": cfg.condition, "seed": cfg.seed, "steps": step, "first_step": first_step, "samples": samples,
+        "stopped_by": stopped_by, "wall_s": wall, "samples_per_s": samples / wall,
         "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None,
         "breakdown_s": timeline.summary(),
         "encoder": _describe_encoder(cfg, backend,
@@ -325,3 +394,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
     return run_dir
+
+
+def _read_history(run_dir: Path) -> list[dict]:
+    path = run_dir / "history.json"
+    return json.loads(path.read_text()) if path.is_file() else []
