@@ -27,7 +27,7 @@ from hetlab.aloha.record import RecordConfig
 from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.extras import installed_extras
-from hetlab.measure.sim_throughput import SimBenchConfig, run_sim_bench
+from hetlab.tasks.throughput import SimBenchConfig, run_sim_bench
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.imitation.study import StudyConfig
 from hetlab.seeds import parse_seeds
