@@ -1,0 +1,110 @@
+"""The package's layering, read from the source: imports only go down the layers of
+docs/architecture.md, modules form no import circle, and only the runtime starts processes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import hetlab
+
+SOURCE = Path(hetlab.__file__).parent
+
+# Lowest first: a module may import its own layer and the layers before it. Layer names are
+# module paths below `hetlab`; the longest matching prefix places a module.
+LAYERS = [
+    ["errors", "files", "seeds", "extras", "onnx_export", "devices", "checkpoint", "run_config", "assets",
+     "headless_gl", "measure"],
+    ["sim"],
+    ["tasks"],
+    ["algos"],
+    ["datasets", "policies"],
+    ["runtime"],
+    ["train"],
+    ["deploy"],
+    ["aloha"],
+    ["offload"],
+    ["imitation"],
+    ["cli", "__init__"],
+]
+PROCESS_STARTERS = {"Process", "Pool", "ProcessPoolExecutor"}  # multiprocessing's and concurrent.futures'
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def layer_of(module: str) -> int:
+    matches = [(len(prefix), index) for index, layer in enumerate(LAYERS) for prefix in layer
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"hetlab.{module} is in no layer of LAYERS; add it"
+    return max(matches)[1]
+
+
+def hetlab_imports(tree: ast.Module, top_level_only: bool) -> set[str]:
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hetlab."):
+            package = node.module.removeprefix("hetlab.")
+            for alias in node.names:  # `from hetlab.sim import mujoco_batch` imports a submodule
+                submodule = SOURCE.joinpath(*package.split("."), f"{alias.name}.py")
+                found.add(f"{package}.{alias.name}" if submodule.is_file() else package)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.removeprefix("hetlab.") for a in node.names if a.name.startswith("hetlab."))
+    return found
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(path): ast.parse(path.read_text()) for path in sorted(SOURCE.rglob("*.py"))}
+
+
+def test_imports_only_go_down_the_layers():
+    upward = []
+    for module, tree in modules().items():
+        for imported in hetlab_imports(tree, top_level_only=False):
+            if layer_of(imported) > layer_of(module):
+                upward.append(f"hetlab.{module} imports hetlab.{imported}")
+    assert not upward, upward
+
+
+def test_no_import_circle():
+    graph = {module: {i for i in hetlab_imports(tree, top_level_only=True)} for module, tree in modules().items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in graph.get(module, ()):
+            if state.get(imported) == "open":
+                raise AssertionError("import circle: " + " → ".join(path[path.index(imported):] + [imported]))
+            if imported not in state:
+                visit(imported, path + [imported])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [module])
+
+
+def test_only_the_runtime_starts_processes():
+    starters = []
+    for module, tree in modules().items():
+        if module.startswith("runtime"):
+            continue
+        for node in ast.walk(tree):
+            called = node.func if isinstance(node, ast.Call) else None
+            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+            if name in PROCESS_STARTERS:
+                starters.append(f"hetlab.{module}:{node.lineno} calls {name}")
+    assert not starters, starters
+
+
+def test_the_checks_see_what_they_look_for():
+    """The walkers find an upward import and a process start when there is one."""
+    tree = ast.parse("import multiprocessing\nfrom hetlab.train.config import TrainConfig\n"
+                     "def f():\n    multiprocessing.get_context('spawn').Process(target=f).start()\n")
+    assert hetlab_imports(tree, top_level_only=True) == {"train.config"}
+    assert layer_of("train.config") > layer_of("runtime.pool")
+    calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    assert "Process" in calls
