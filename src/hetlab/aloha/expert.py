@@ -18,9 +18,8 @@ fingers touch it, the table does not, and it is at least LIFTED_Z above the tabl
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import mujoco
@@ -30,6 +29,7 @@ from rich.progress import Progress
 from hetlab.aloha.env import ARMS, EPISODE_STEPS, START_ARM_POSE, START_FINGER, AlohaTransferCube, normalise_gripper
 from hetlab.aloha.ik import ArmIK
 from hetlab.errors import UserError
+from hetlab.runtime.workers import WorkerPool
 
 CAMERA = "top"
 MEET = np.array([0.0, 0.5, 0.25])  # where the right arm brings the cube: mid-table, 25 cm up
@@ -163,8 +163,9 @@ def rollout_expert(seed: int, *, render: bool = False, height: int = 480, width:
         env.close()
 
 
-def _succeeds(seed: int) -> bool:
-    return rollout_expert(seed).success
+def _succeeds(_, job: tuple[int, int]) -> bool:
+    """A worker's job: (index, seed) → whether the expert succeeds on the seed."""
+    return rollout_expert(job[1]).success
 
 
 def run_expert(seeds: Sequence[int], workers: int = 1, progress: Progress | None = None) -> dict:
@@ -174,21 +175,19 @@ def run_expert(seeds: Sequence[int], workers: int = 1, progress: Progress | None
         raise UserError("no seeds to run the expert on")
     if workers < 1:
         raise UserError(f"--workers must be at least 1, got {workers}")
-    job = progress.add_task("expert episodes", total=len(seeds)) if progress else None
+    task = progress.add_task("expert episodes", total=len(seeds)) if progress else None
+    jobs = list(enumerate(seeds))
     outcomes = [False] * len(seeds)
-    if workers == 1:
-        for index, seed in enumerate(seeds):
-            outcomes[index] = _succeeds(seed)
+    with ExitStack() as stack:
+        if workers == 1:
+            finished = ((job, _succeeds(None, job)) for job in jobs)
+        else:
+            pool = stack.enter_context(WorkerPool(min(workers, len(seeds)), _succeeds, name="expert"))
+            finished = pool.as_completed(jobs)
+        for (index, _), success in finished:
+            outcomes[index] = success
             if progress:
-                progress.advance(job)
-    else:
-        # spawn, not fork: the parent may hold threads (rich's progress refresher, GL) that fork would copy badly.
-        with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_succeeds, seed): index for index, seed in enumerate(seeds)}
-            for future in as_completed(futures):
-                outcomes[futures[future]] = future.result()
-                if progress:
-                    progress.advance(job)
+                progress.advance(task)
     successes = sum(outcomes)
     return {
         "episodes": len(seeds),

@@ -14,13 +14,8 @@ with the seed after the last recorded one.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue
-import signal
-import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +25,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from hetlab.aloha.env import ARM_JOINTS, ARMS, EPISODE_STEPS
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter, StagedEpisode, stage_episode
 from hetlab.errors import UserError
+from hetlab.runtime.workers import WorkerPool
 
 FPS = 50
 TASK = "Pick up the cube with the right arm and transfer it to the left arm."
 CAMERA_KEY = "observation.images.top"
 MOTORS = tuple(f"{arm}_{joint}" for arm in ARMS for joint in (*ARM_JOINTS, "gripper"))
-POLL_S = 0.5  # how often the main process checks on its workers while waiting for an episode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,13 +65,16 @@ def record(cfg: RecordConfig) -> dict:
         if before < cfg.episodes:
             progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True))
-            with progress, _Workers(min(workers, cfg.episodes - before), writer, cfg) as pool:
+            stager = (writer.staging_dir, writer.spec, cfg.steps, cfg.successful_only)
+            with progress, WorkerPool(min(workers, cfg.episodes - before), _EpisodeStager.stage, setup=_EpisodeStager,
+                                      setup_args=stager, name="recording") as pool:
+                in_order = _InSeedOrder(pool)
                 job = progress.add_task("episodes", total=cfg.episodes, completed=before)
                 while writer.num_episodes < cfg.episodes:
-                    while pool.outstanding < min(pool.size, cfg.episodes - writer.num_episodes):
-                        pool.submit(next_seed)
+                    while in_order.outstanding < min(pool.size, cfg.episodes - writer.num_episodes):
+                        in_order.submit(next_seed)
                         next_seed += 1
-                    seed, staged = pool.next_in_order()
+                    seed, staged = in_order.next()
                     attempts += 1
                     if staged is None:
                         failed_seeds.append(seed)
@@ -116,83 +114,45 @@ def _check(cfg: RecordConfig) -> None:
         raise UserError("; ".join(problems))
 
 
-class _Workers:
-    """Spawned processes that roll out, render and stage episodes; results come back in seed order.
+class _EpisodeStager:
+    """A recording worker's state: where and how to stage the episodes it rolls out."""
 
-    A worker that dies (a crash in the renderer, the OOM killer) is reported instead of waited
-    for; leaving the `with` block, for whatever reason, terminates them all."""
+    def __init__(self, staging_dir: Path, spec: DatasetSpec, steps: int, successful_only: bool):
+        self.staging_dir, self.spec, self.steps, self.successful_only = staging_dir, spec, steps, successful_only
 
-    def __init__(self, size: int, writer: LeRobotWriter, cfg: RecordConfig):
-        self.size, self._cfg = size, cfg
-        # spawn, not fork: the parent holds threads (rich's refresher) and maybe GL state that fork copies badly.
-        context = multiprocessing.get_context("spawn")
-        self._seeds, self._results = context.Queue(), context.Queue()
+    def stage(self, seed: int) -> StagedEpisode | None:
+        """Roll out `seed`, render and encode it into the staging directory; None if the expert failed."""
+        from hetlab.aloha.expert import rollout_expert  # here: the parent never needs MuJoCo rendering
+
+        episode = rollout_expert(seed, render=True, height=self.spec.height, width=self.spec.width, steps=self.steps)
+        if not episode.success and self.successful_only:
+            return None
+        extra = {"seed": seed, "success": episode.success, "max_reward": episode.max_reward}
+        return stage_episode(self.staging_dir, self.spec, {CAMERA_KEY: episode.images}, episode.state, episode.action,
+                             extra)
+
+
+class _InSeedOrder:
+    """The workers' staged episodes handed out in the order their seeds were submitted."""
+
+    def __init__(self, pool: WorkerPool):
+        self.pool = pool
         self._waiting: list[int] = []  # submitted seeds, in order, whose result is not yet taken
         self._done: dict[int, StagedEpisode | None] = {}
-        args = (self._seeds, self._results, writer.staging_dir, writer.spec, cfg.steps, cfg.successful_only)
-        self._processes = [context.Process(target=_work, args=args, daemon=True) for _ in range(size)]
-        for process in self._processes:
-            process.start()
 
     @property
     def outstanding(self) -> int:
+        """Seeds submitted whose episodes have not been handed out."""
         return len(self._waiting)
 
     def submit(self, seed: int) -> None:
         self._waiting.append(seed)
-        self._seeds.put(seed)
+        self.pool.submit(seed)
 
-    def next_in_order(self) -> tuple[int, StagedEpisode | None]:
+    def next(self) -> tuple[int, StagedEpisode | None]:
         """The earliest submitted seed and its staged episode (None if the expert failed on it)."""
-        seed = self._waiting[0]
+        seed = self._waiting.pop(0)
         while seed not in self._done:
-            try:
-                done_seed, staged, error = self._results.get(timeout=POLL_S)
-            except queue.Empty:
-                dead = [p.exitcode for p in self._processes if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"a recording worker died (exit code {dead[0]}) while rolling out an episode")
-                continue
-            if error is not None:
-                is_user_error, message = error
-                if is_user_error:
-                    raise UserError(message)
-                raise RuntimeError(f"recording seed {done_seed} failed in a worker:\n{message}")
+            done_seed, staged = self.pool.next()
             self._done[done_seed] = staged
-        self._waiting.pop(0)
         return seed, self._done.pop(seed)
-
-    def __enter__(self) -> _Workers:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for process in self._processes:
-            process.terminate()
-        for process in self._processes:
-            process.join()
-        for q in (self._seeds, self._results):
-            q.cancel_join_thread()  # don't block on flushing seeds nobody will read
-            q.close()
-
-
-def _work(seeds, results, staging_dir: Path, spec: DatasetSpec, steps: int, successful_only: bool) -> None:
-    """Worker process: roll out each seed from `seeds`, stage it, and report it on `results`."""
-    from hetlab.aloha.expert import rollout_expert  # here: the parent never needs MuJoCo rendering
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    # A parent killed outright (kill -9) cannot terminate its workers: they notice and exit.
-    parent = multiprocessing.parent_process()
-    threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
-    while True:
-        seed = seeds.get()
-        try:
-            episode = rollout_expert(seed, render=True, height=spec.height, width=spec.width, steps=steps)
-            staged = None
-            if episode.success or not successful_only:
-                extra = {"seed": seed, "success": episode.success, "max_reward": episode.max_reward}
-                staged = stage_episode(staging_dir, spec, {CAMERA_KEY: episode.images}, episode.state,
-                                       episode.action, extra)
-            results.put((seed, staged, None))
-        except Exception as e:  # reported as text: an exception object may not pickle
-            results.put((seed, None, (isinstance(e, UserError), str(e) if isinstance(e, UserError)
-                                      else traceback.format_exc())))

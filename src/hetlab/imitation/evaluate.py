@@ -11,11 +11,8 @@ generates a chunk of actions from the current image and state and executes the f
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import queue
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -30,10 +27,10 @@ from hetlab.files import write_text_atomic
 from hetlab.imitation.phase_a import load_policy, read_run_config
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
+from hetlab.runtime.workers import WorkerPool
 from hetlab.seeds import parse_seeds
 
 VIDEO_FPS = 50
-POLL_S = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,23 +84,24 @@ def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_fr
     return {"seed": seed, "success": bool(success), "max_reward": best, "return": total, "steps": steps}
 
 
-def _worker(run: str, height: int, width: int, replan_every: int, max_steps: int, video_seeds: set[int],
-            video_dir: str, seeds, results) -> None:
-    try:
-        torch.set_num_threads(1)
+class _EpisodeRunner:
+    """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
+
+    def __init__(self, run: Path, height: int, width: int, replan_every: int, max_steps: int, video_seeds: set[int],
+                 video_dir: Path):
+        torch.set_num_threads(1)  # one worker per core
+        self.policy = ChunkPolicy(load_eval_policy(run), replan_every)
+        self.env = AlohaTransferCube(height=height, width=width)
+        self.max_steps, self.video_seeds, self.video_dir = max_steps, video_seeds, video_dir
+
+    def run(self, seed: int) -> dict:
         from hetlab.datasets.video import encode_video
 
-        policy = ChunkPolicy(load_eval_policy(Path(run)), replan_every)
-        env = AlohaTransferCube(height=height, width=width)
-        while (seed := seeds.get()) is not None:
-            frames = [] if seed in video_seeds else None
-            result = run_episode(env, policy, seed, max_steps, frames)
-            if frames is not None:
-                encode_video(np.stack(frames), Path(video_dir) / f"seed-{seed}.mp4", VIDEO_FPS)
-            results.put(("result", result))
-        env.close()
-    except BaseException:
-        results.put(("error", traceback.format_exc()))
+        frames = [] if seed in self.video_seeds else None
+        result = run_episode(self.env, self.policy, seed, self.max_steps, frames)
+        if frames is not None:
+            encode_video(np.stack(frames), self.video_dir / f"seed-{seed}.mp4", VIDEO_FPS)
+        return result
 
 
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
@@ -121,39 +119,15 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
-    context = multiprocessing.get_context("spawn")
-    seed_queue, results = context.Queue(), context.Queue()
-    for seed in seeds:
-        seed_queue.put(seed)
-    for _ in range(workers):
-        seed_queue.put(None)
-    processes = [context.Process(target=_worker, daemon=True, name=f"hetlab-eval-{i}",
-                                 args=(str(cfg.run), height, width, cfg.replan_every, cfg.max_steps, set(seeds[:cfg.videos]),
-                                       str(video_dir), seed_queue, results)) for i in range(workers)]
+    runner = (Path(cfg.run), height, width, cfg.replan_every, cfg.max_steps, set(seeds[:cfg.videos]), video_dir)
     started = time.perf_counter()
     per_seed: list[dict] = []
     job = progress.add_task("episodes", total=len(seeds)) if progress is not None else None
-    try:
-        for process in processes:
-            process.start()
-        while len(per_seed) < len(seeds):
-            try:
-                kind, payload = results.get(timeout=POLL_S)
-            except queue.Empty:
-                dead = [p for p in processes if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"evaluation worker {dead[0].name} died (exit code {dead[0].exitcode})")
-                continue
-            if kind == "error":
-                raise RuntimeError(f"an evaluation worker failed:\n{payload}")
-            per_seed.append(payload)
+    with WorkerPool(workers, _EpisodeRunner.run, setup=_EpisodeRunner, setup_args=runner, name="evaluation") as pool:
+        for _, result in pool.as_completed(seeds):
+            per_seed.append(result)
             if job is not None:
                 progress.update(job, advance=1, description=f"{sum(r['success'] for r in per_seed)} successes")
-    finally:
-        for process in processes:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
     per_seed.sort(key=lambda r: r["seed"])
     successes = sum(r["success"] for r in per_seed)
     low, high = wilson_interval(successes, len(per_seed))
