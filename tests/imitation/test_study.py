@@ -1,13 +1,19 @@
 """The study runner end to end on a tiny Phase-A run: every condition trained in its own process,
-evaluated, reported; a second call reuses what is finished."""
+evaluated, reported; a second call reuses what is finished, and only what was made with the
+settings it asks for."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
 
 import pytest
 
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.errors import UserError
 from hetlab.imitation.study import StudyConfig, run_study
+from hetlab.offload.quantise import QuantiseConfig
 
 
 @pytest.fixture(scope="module")
@@ -16,22 +22,76 @@ def phase_a_run(tiny_aloha_dataset, tmp_path_factory):
                                       loader_workers=0, runs_dir=tmp_path_factory.mktemp("runs")))
 
 
-def test_study_trains_evaluates_reports_and_resumes(phase_a_run, tmp_path):
+@pytest.fixture(scope="module")
+def study(phase_a_run, tmp_path_factory):
+    """A finished study: its settings and report. Tests that change it work on a copy."""
     # The tiny dataset has episodes 0 and 1 only: train and calibrate on 0, hold out 1 for fidelity.
     cfg = StudyConfig(from_run=phase_a_run, conditions="learner,L1,cache", seeds="2000", steps=3,
                       eval_seeds="2000", eval_workers=1, eval_max_steps=12, train_episodes="0-1",
-                      calibration_episodes="0", heldout_episodes="1", out=tmp_path / "study")
-    report = run_study(cfg)
+                      calibration_episodes="0", heldout_episodes="1", out=tmp_path_factory.mktemp("study") / "study")
+    return cfg, run_study(cfg)
+
+
+def files(out, pattern: str) -> dict:
+    """{path: last modification} of the study's files matching `pattern`."""
+    return {path: path.stat().st_mtime_ns for path in out.glob(pattern)}
+
+
+def test_study_trains_evaluates_reports_and_resumes(study):
+    cfg, report = study
     text = report.read_text()
     for condition in ("learner", "L1", "cache"):
-        assert (tmp_path / "study" / f"{condition}-s2000" / "summary.json").is_file()
+        assert len(files(cfg.out, f"{condition}-s2000-*/summary.json")) == 1
         assert f"| {condition} " in text or f"| `{condition}` " in text
     assert "## " in text and "fidelity" in text.lower()
     for figure in ("time_breakdown.png", "success_rate.png", "peak_memory.png", "energy_per_sample.png"):
-        assert (tmp_path / "study" / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    summaries = {p: p.stat().st_mtime_ns for p in (tmp_path / "study").glob("*/summary.json")}
+        assert (cfg.out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summaries = files(cfg.out, "*/summary.json")
     run_study(cfg)
-    assert {p: p.stat().st_mtime_ns for p in summaries} == summaries  # finished conditions are not rerun
+    assert files(cfg.out, "*/summary.json") == summaries  # finished conditions are not rerun
+
+
+def test_other_settings_reuse_only_the_runs_they_match(study, tmp_path):
+    cfg, _ = study
+    out = tmp_path / "study"
+    shutil.copytree(cfg.out, out)
+    summaries, evaluations = files(out, "*/summary.json"), files(out, "*/eval/*/results.json")
+    changed = dataclasses.replace(cfg, out=out, eval_max_steps=8, quantise=QuantiseConfig(method="minmax"))
+    text = run_study(changed).read_text()
+
+    # The quantisation shapes only the offloaded condition: the others are reused, L1 trained anew beside the old.
+    after = files(out, "*/summary.json")
+    assert after.items() > summaries.items() and len(after) == 4  # nothing old overwritten, one run added
+    offloaded = sorted(out.glob("L1-s2000-*/config.json"))
+    assert len(offloaded) == 2
+    methods = {json.loads(path.read_text())["phase_b"]["quantise"]["method"] for path in offloaded}
+    assert methods == {"percentile", "minmax"}
+    # Every run asked for is evaluated again for the new episode length; the old evaluations stay as they were.
+    new_evaluations = {path: stamp for path, stamp in files(out, "*/eval/*/results.json").items()
+                       if path not in evaluations}
+    assert len(new_evaluations) == 3
+    assert {json.loads(path.read_text())["max_steps"] for path in new_evaluations} == {8}
+    assert all(json.loads(path.read_text())["max_steps"] == 12 for path in evaluations)
+    # The report is of the runs made with the new settings, as their own files have them.
+    intro = text.split("## Runs")[0]
+    assert "at most 8 steps each" in intro and "12 steps" not in text
+    assert "quantised with minmax / Conv+MatMul / per channel / overflow fix" in intro
+    assert "differ in their settings" not in text
+
+
+def test_a_run_whose_files_disagree_with_its_name_is_refused(study, tmp_path):
+    cfg, _ = study
+    out = tmp_path / "study"
+    shutil.copytree(cfg.out, out)
+    config_path = next(out.glob("L1-s2000-*/config.json"))
+    config = json.loads(config_path.read_text())
+    config["phase_b"]["steps"] = 4
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(UserError) as refusal:
+        run_study(dataclasses.replace(cfg, out=out))
+    message = str(refusal.value)
+    assert message.startswith(f"{config_path.parent} was made with steps 4, but its name is that of steps 3")
+    assert "move it away" in message and "\n" not in message
 
 
 def test_unknown_condition_is_refused_before_anything_runs(phase_a_run, tmp_path):

@@ -1,7 +1,8 @@
 """The Phase-B study report, from small made-up run files whose every number is known.
 
 Three conditions (learner, L2, cache) × two training seeds. The CPU package's power is
-measured in the learner and L2 runs and not in the cache runs; the GPU's never is.
+measured in the learner and L2 runs and not in the cache runs; the GPU's never is. Every run
+was made with the same settings, unless a test changes one run's files.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ CPU_JOULES = {"learner": (2150.0, 2000.0), "L2": (1600.0, 1700.0)}  # the cache 
 CACHE = {"key": {"phase_a_step": 1}, "frames": 16000, "layers": 4, "tokens": 21, "d_model": 512, "dtype": "fp16",
          "build_s": 300.0, "bytes": 1_400_000_000, "built_now": True}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+QUANTISE = {"method": "percentile", "percentile": 99.999, "op_types": ["Conv", "MatMul"], "per_channel": True,
+            "symmetric_activations": False, "overflow_fix": "off"}
+MAX_STEPS, REPLAN_EVERY = 400, 10
 
 
 def wilson(successes: int, trials: int) -> tuple[float, float]:
@@ -80,8 +84,18 @@ def summary(condition: str, index: int, seed: int, cpu_measured: bool) -> dict:
 
 def results(condition: str, index: int) -> dict:
     successes = SUCCESSES[condition][index]
-    return {"run": "made up", "seeds": "2000-2299", "replan_every": 10, "episodes": EPISODES, "successes": successes,
-            "success_rate": successes / EPISODES, "wilson95": list(wilson(successes, EPISODES)), "per_seed": []}
+    return {"run": "made up", "seeds": EVAL_SEEDS, "replan_every": REPLAN_EVERY, "max_steps": MAX_STEPS,
+            "episodes": EPISODES, "successes": successes, "success_rate": successes / EPISODES,
+            "wilson95": list(wilson(successes, EPISODES)), "per_seed": []}
+
+
+def config(phase_a, condition: str, seed: int) -> dict:
+    """A run's config.json: the model and the Phase-B settings it was trained with."""
+    return {"kind": "aloha-ar-actor", "phase": "B", "model": TINY, "image_size": [48, 64],
+            "phase_b": {"from_run": str(phase_a), "condition": condition, "seed": seed, "steps": STEPS,
+                        "batch": BATCH, "train_episodes": "0-39", "device": "auto", "offload_device": "cpu",
+                        "offload_precision": "int8", "quantise": QUANTISE, "calibration_episodes": "0-7",
+                        "cache_dtype": "fp16"}}
 
 
 # As `fidelity()` returns it (asdict of offload.fidelity.Fidelity), for an AVX2 CPU without the overflow fix.
@@ -97,21 +111,24 @@ FIDELITY = {"cosines": {"2": 0.9981, 4: 0.9962}, "quantise": {"method": "percent
 def write_study(tmp_path, cpu_measured: bool = True, fidelity=None) -> tuple:
     torch.set_num_threads(1)
     phase_a = tmp_path / "phase-a"
-    phase_a.mkdir()
-    (phase_a / "config.json").write_text(json.dumps({"kind": "aloha-ar-actor", "phase": "A", "model": TINY,
-                                                     "image_size": [48, 64]}))
     out = tmp_path / "study"
+    runs = []
     for condition in CONDITIONS:
         for index, seed in enumerate(SEEDS):
             run_dir = out / f"{condition}-s{seed}"
-            (run_dir / "eval" / EVAL_SEEDS.replace(",", "_")).mkdir(parents=True)
+            eval_dir = run_dir / "eval" / EVAL_SEEDS.replace(",", "_")
+            eval_dir.mkdir(parents=True)
             measured = cpu_measured and condition != "cache"
+            (run_dir / "config.json").write_text(json.dumps(config(phase_a, condition, seed)))
             (run_dir / "summary.json").write_text(json.dumps(summary(condition, index, seed, measured)))
-            (run_dir / "eval" / EVAL_SEEDS.replace(",", "_") / "results.json").write_text(
-                json.dumps(results(condition, index)))
-    study = {"config": {"from_run": str(phase_a), "steps": STEPS, "offload_device": "cpu"},
-             "runs": {f"{c}-s{s}": str(out / f"{c}-s{s}") for c in CONDITIONS for s in SEEDS}, "fidelity": fidelity}
-    return out, study
+            (eval_dir / "results.json").write_text(json.dumps(results(condition, index)))
+            runs.append({"condition": condition, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
+    return out, {"runs": runs, "fidelity": fidelity}
+
+
+def rewrite(path, **changes) -> None:
+    """Change some of a run file's entries."""
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
 def section(report: str, title: str) -> str:
@@ -128,7 +145,7 @@ def rows_of(text: str, condition: str) -> list[list[str]]:
 def study_out(tmp_path_factory):
     """The study folder, with the report written once for all the tests that only read it."""
     out, study = write_study(tmp_path_factory.mktemp("study"), fidelity=FIDELITY)
-    assert write_study_report(out, study, CONDITIONS, SEEDS, EVAL_SEEDS) == out / "report.md"
+    assert write_study_report(out, study) == out / "report.md"
     return out
 
 
@@ -138,8 +155,8 @@ def report(study_out) -> str:
 
 
 def test_tables_come_in_the_study_order(report):
-    titles = ["# Phase B study", "## Model", "## Conditions", "## Time", "## Power and energy", "## Peak memory",
-              "## Task success", "## Fidelity", "## Feature cache"]
+    titles = ["# Phase B study", "## Runs", "## Model", "## Conditions", "## Time", "## Power and energy",
+              "## Peak memory", "## Task success", "## Fidelity", "## Feature cache"]
     positions = [report.index(title) for title in titles]
     assert positions == sorted(positions)
     intro = report.split("## Model")[0]
@@ -230,7 +247,7 @@ def test_figures_are_pngs_written_atomically(study_out, report):
 
 def test_nothing_measured_says_so_instead_of_drawing_bars(tmp_path):
     out, study = write_study(tmp_path, cpu_measured=False)
-    report = write_study_report(out, study, CONDITIONS, SEEDS, EVAL_SEEDS).read_text()
+    report = write_study_report(out, study).read_text()
     text = section(report, "Power and energy")
     assert "not measured on this machine" in text
     assert " W" not in text.replace("mean W", "")
@@ -243,7 +260,7 @@ def test_a_missing_run_file_is_named(tmp_path):
     missing = out / "L2-s2001" / "summary.json"
     missing.unlink()
     with pytest.raises(UserError, match=re.escape(str(missing))):
-        write_study_report(out, study, CONDITIONS, SEEDS, EVAL_SEEDS)
+        write_study_report(out, study)
 
 
 def test_a_partly_measured_device_and_an_early_stop_are_flagged(tmp_path):
@@ -252,7 +269,7 @@ def test_a_partly_measured_device_and_an_early_stop_are_flagged(tmp_path):
     unmeasured.write_text(json.dumps(summary("learner", 1, 2001, cpu_measured=False)))
     stopped = out / "L2-s2000" / "summary.json"
     stopped.write_text(json.dumps({**json.loads(stopped.read_text()), "steps": 60, "stopped_by": "max_seconds"}))
-    report = write_study_report(out, study, CONDITIONS, SEEDS, EVAL_SEEDS).read_text()
+    report = write_study_report(out, study).read_text()
     assert "L2 seed 2000 stopped after 60 steps (max_seconds)" in report.split("## Model")[0]
     text = section(report, "Power and energy")
     cpu = next(row for row in rows_of(text, "learner") if row[1] == "cpu package 0")
@@ -260,3 +277,43 @@ def test_a_partly_measured_device_and_an_early_stop_are_flagged(tmp_path):
                        f"{2150.0 / (STEPS * BATCH):.4g}"]
     combined = next(row for row in rows_of(text, "learner") if len(row) == 4)
     assert combined[1:] == ["not measured", "—", "cpu package 0 (not every seed), gpu0"]
+
+
+def cells(text: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The first table in `text`: {(condition, training seed): {column: cell}}."""
+    lines = [[cell.strip() for cell in line.strip("|").split("|")]
+             for line in text.splitlines() if line.startswith("|")]
+    header, rows = lines[0], lines[2:]
+    return {(row[0], row[1]): dict(zip(header, row)) for row in rows}
+
+
+def test_each_run_is_reported_with_its_own_settings_and_differences_are_flagged(tmp_path):
+    out, study = write_study(tmp_path)
+    rewrite(out / "L2-s2001" / "eval" / EVAL_SEEDS.replace(",", "_") / "results.json", max_steps=200)
+    made = out / "L2-s2001" / "summary.json"
+    encoder = json.loads(made.read_text())["encoder"]
+    rewrite(made, encoder={**encoder, "quantise": {**QUANTISE, "overflow_fix": "on"}})  # as the backend made it
+    report = write_study_report(out, study).read_text()
+
+    intro = report.split("## Runs")[0]
+    assert f"for {STEPS} steps each" in intro and "at most 400 steps or 200 steps each" in intro
+    assert "**The runs differ in their settings**" in intro
+    others = "learner-s2000, learner-s2001, L2-s2000, cache-s2000, cache-s2001"
+    assert f"evaluation episode length 400 steps ({others}), 200 steps (L2-s2001)" in intro
+    quantised = "percentile 99.999 / Conv+MatMul / per channel / overflow fix"
+    assert f"quantisation {quantised} off (L2-s2000), {quantised} on (L2-s2001)" in intro
+    assert "steps 100" not in intro  # settings all runs share are not flagged
+
+    runs = cells(section(report, "Runs"))
+    assert runs["L2", "2001"]["evaluation episode length"] == "**200 steps**"
+    assert runs["L2", "2001"]["quantisation"] == f"**{quantised} on**"
+    assert runs["L2", "2000"]["quantisation"] == f"**{quantised} off**"
+    assert runs["learner", "2000"]["evaluation episode length"] == "**400 steps**"
+    assert runs["learner", "2000"]["steps"] == str(STEPS) and runs["L2", "2001"]["offload device"] == "`cpu`"
+    assert runs["learner", "2000"]["offload device"] == runs["cache", "2000"]["quantisation"] == "—"
+    assert runs["cache", "2001"]["cache dtype"] == "fp16"
+    assert runs["learner", "2001"]["replanning"] == f"every {REPLAN_EVERY} actions"
+
+
+def test_a_report_of_runs_that_agree_flags_nothing(report):
+    assert "differ in their settings" not in report and "**" not in section(report, "Runs")

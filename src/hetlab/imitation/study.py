@@ -1,33 +1,59 @@
 """`hetlab offload study`: every condition × training seed of Phase B, evaluated and reported.
 
-Each condition trains in its own spawned process, so its peak memory is its own, one after
-another, so their timings and power readings do not disturb each other. Within a seed all
-conditions share the initial action expert, data order, masks and dropout (see phase_b.py).
-Results live in `<out>/<condition>-s<seed>/`; a condition whose summary.json exists is not
-trained again, and one whose evaluation exists is not evaluated again, so an interrupted study
-resumes where it stopped. report.md and its figures are rewritten from the results each time.
+Each condition trains in a fresh spawned process of its own (hetlab.runtime.workers), so its peak
+memory is its own, one after another, so their timings and power readings do not disturb each
+other. Within a seed all conditions share the initial action expert, data order, masks and dropout
+(see phase_b.py).
+
+Results are keyed by the settings that shape them, so a study run again reuses only what it would
+make anew. A run lives in `<out>/<condition>-s<seed>-<digest>/`, the digest a short hash of its
+`run_settings`: every Phase-B option but where the run is written, how often it saves and whether it
+was resumed, less the offload options (device, precision, quantisation, calibration episodes) for a
+condition that does not offload and the cache dtype for all but the cache. The quantisation's
+overflow fix is decided for the offload device's int8 kernels here, before training, as the run's
+backend decides it, so a run quantised for another CPU's kernels is not reused. Its evaluation lives
+in `<run>/eval/<seeds>-<digest>/`, keyed by `eval_settings` (seeds, episode length, replanning;
+videos are extras, not settings). A run or an evaluation is reused only when it finished and the
+settings stored in its own files (config.json's `phase_b` block, results.json) equal the requested
+ones. Other settings train or evaluate into new directories beside the old ones — changing the
+quantisation retrains only the offloaded conditions, changing the evaluation only evaluates again —
+and a directory whose stored settings differ from those its name stands for (edited by hand) is
+refused with the differing setting named, never reused. An interrupted study resumes where it
+stopped. report.md and its figures are rewritten each time from the files of the runs asked for.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import multiprocessing
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 import tyro
 
+from hetlab.aloha.env import EPISODE_STEPS
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
 from hetlab.imitation.evaluate import EvalConfig, evaluate
 from hetlab.imitation.phase_a import load_policy, read_run_config
 from hetlab.imitation.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
 from hetlab.imitation.study_report import write_study_report
+from hetlab.offload.backends import make_backend
 from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, Fidelity, check_held_out, fidelity
 from hetlab.offload.quantise import QuantiseConfig
+from hetlab.runtime.workers import call_in_own_process
 from hetlab.seeds import parse_seeds
+
+# PhaseBConfig fields that say where a run is written, how often it saves and whether it was resumed,
+# not what it is.
+NOT_SETTINGS = frozenset({"out", "runs_dir", "checkpoint_every", "resume"})
+OFFLOAD_SETTINGS = frozenset({"offload_device", "offload_precision", "quantise", "calibration_episodes"})
+INT8_SETTINGS = frozenset({"quantise", "calibration_episodes"})
+CACHE_SETTINGS = frozenset({"cache_dtype"})
+EVAL_SETTINGS = ("seeds", "max_steps", "replan_every")  # as results.json stores them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +64,8 @@ class StudyConfig:
     steps: int = 30_000  # Phase-B steps per condition and seed
     eval_seeds: str = "2000-2299"
     eval_workers: int = 0  # 0 = one per core
-    eval_max_steps: int = 400  # steps per evaluation episode (the task's 400)
+    eval_max_steps: int = EPISODE_STEPS  # steps per evaluation episode (the task's 400)
+    eval_replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
     videos: int = 0  # evaluation videos per condition and seed
     fidelity: bool = True  # INT8-vs-FP32 cosine per offloaded boundary, in the report
     train_episodes: str = "0-39"
@@ -61,6 +88,32 @@ def conditions_of(text: str) -> list[str]:
     return chosen
 
 
+def run_settings(phase_b: dict) -> dict:
+    """The settings that shape a Phase-B run's results, from its config.json `phase_b` block (or a
+    PhaseBConfig as JSON): an offloaded condition's offload settings count, the others' do not."""
+    condition = phase_b["condition"]
+    ignored = set(NOT_SETTINGS)
+    if not condition.startswith("L"):
+        ignored |= OFFLOAD_SETTINGS
+    elif phase_b["offload_precision"] != "int8":
+        ignored |= INT8_SETTINGS
+    if condition != "cache":
+        ignored |= CACHE_SETTINGS
+    settings = {key: value for key, value in phase_b.items() if key not in ignored}
+    settings["from_run"] = os.path.realpath(settings["from_run"])
+    return settings
+
+
+def eval_settings(results: dict) -> dict:
+    """The settings that shape an evaluation's results, from its results.json."""
+    return {key: results.get(key) for key in EVAL_SETTINGS}
+
+
+def digest(settings: dict) -> str:
+    """Eight hex digits naming these settings in a directory name."""
+    return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=4).hexdigest()
+
+
 def _train(cfg: PhaseBConfig) -> None:
     import torch
 
@@ -74,40 +127,80 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     parse_seeds(cfg.eval_seeds, "--eval-seeds")
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
                    parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
-    read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
-    out = cfg.out or Path(cfg.from_run) / "study"
+    phase_a = read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
+    chunk = phase_a["model"]["chunk"]
+    if not 0 <= cfg.eval_replan_every <= chunk:
+        raise UserError(f"--eval-replan-every must be in 0..{chunk} (the chunk), got {cfg.eval_replan_every}")
+    if not 1 <= cfg.eval_max_steps <= EPISODE_STEPS:
+        raise UserError(f"--eval-max-steps must be in 1..{EPISODE_STEPS} (the task's episode length), "
+                        f"got {cfg.eval_max_steps}")
+    from_run = Path(cfg.from_run).resolve()
+    quantise = cfg.quantise
+    if any(condition.startswith("L") for condition in conditions):
+        # As each offloaded run's backend will decide it (a missing offload device fails here, too).
+        quantise = make_backend(cfg.offload_device, 1, tuple(phase_a["image_size"]), from_run / "offload",
+                                precision="int8", quantise=cfg.quantise).quantise
+    wanted_eval = {"seeds": cfg.eval_seeds, "max_steps": cfg.eval_max_steps,
+                   "replan_every": cfg.eval_replan_every or chunk}
+    out = cfg.out or from_run / "study"
     out.mkdir(parents=True, exist_ok=True)
-    context = multiprocessing.get_context("spawn")
-    runs: dict[tuple[str, int], Path] = {}
+    runs = []
     for seed in seeds:
         for condition in conditions:
-            run_dir = out / f"{condition}-s{seed}"
-            runs[condition, seed] = run_dir
-            if not (run_dir / "summary.json").is_file():
-                phase_b = PhaseBConfig(from_run=Path(cfg.from_run), condition=condition, seed=seed, steps=cfg.steps,
-                                       train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
-                                       offload_device=cfg.offload_device, quantise=cfg.quantise,
-                                       power_interval=cfg.power_interval, power_command=cfg.power_command,
-                                       power_pattern=cfg.power_pattern, power_device=cfg.power_device, out=run_dir)
-                process = context.Process(target=_train, args=(phase_b,), name=f"hetlab-phase-b-{condition}-{seed}")
-                process.start()
-                process.join()
-                if process.exitcode != 0:
-                    raise RuntimeError(f"Phase B {condition} seed {seed} failed (exit code {process.exitcode}); "
-                                       f"see the output above; finished conditions are kept in {out}")
-            if not (run_dir / "eval" / cfg.eval_seeds.replace(",", "_") / "results.json").is_file():
+            phase_b = PhaseBConfig(from_run=from_run, condition=condition, seed=seed, steps=cfg.steps,
+                                   train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
+                                   offload_device=cfg.offload_device, quantise=quantise,
+                                   power_interval=cfg.power_interval, power_command=cfg.power_command,
+                                   power_pattern=cfg.power_pattern, power_device=cfg.power_device)
+            wanted = run_settings(json.loads(json.dumps(dataclasses.asdict(phase_b), default=str)))
+            run_dir = out / f"{condition}-s{seed}-{digest(wanted)}"
+            if not _finished(run_dir / "summary.json", wanted,
+                             lambda: run_settings(read_run_config(run_dir)["phase_b"])):
+                try:
+                    call_in_own_process(_train, dataclasses.replace(phase_b, out=run_dir), name="phase-b")
+                except RuntimeError as e:
+                    raise RuntimeError(f"Phase B {condition} seed {seed} failed; finished conditions are kept "
+                                       f"in {out}") from e
+            eval_dir = run_dir / "eval" / f"{cfg.eval_seeds.replace(',', '_')}-{digest(wanted_eval)}"
+            results = eval_dir / "results.json"
+            if not _finished(results, wanted_eval, lambda: eval_settings(json.loads(results.read_text()))):
                 evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
-                                    max_steps=cfg.eval_max_steps), progress)
+                                    max_steps=cfg.eval_max_steps, replan_every=cfg.eval_replan_every, out=eval_dir),
+                         progress)
+            runs.append({"condition": condition, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
     measured = None
     offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
     if cfg.fidelity and offloaded:
         measured = dataclasses.asdict(phase_a_fidelity(
-            Path(cfg.from_run), offloaded, quantise=cfg.quantise,
+            from_run, offloaded, quantise=cfg.quantise,
             calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
             heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
-    study = {"config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str)),
-             "runs": {f"{c}-s{s}": str(path) for (c, s), path in runs.items()}, "fidelity": measured}
-    return write_study_report(out, study, conditions, seeds, cfg.eval_seeds)
+    return write_study_report(out, {"runs": runs, "fidelity": measured})
+
+
+def _finished(record: Path, wanted: dict, stored) -> bool:
+    """Whether `record` (a finished run's or evaluation's file) exists with the wanted settings;
+    `stored()` reads the settings it was made with. Refuses one made with others."""
+    if not record.is_file():
+        return False
+    differing = _differences(stored(), wanted)
+    if differing:
+        name, had, asked = differing[0]
+        raise UserError(f"{record.parent} was made with {name} {had!r}, but its name is that of {name} {asked!r}, "
+                        "as asked (was it edited by hand?); move it away and run the study again")
+    return True
+
+
+def _differences(had: dict, asked: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """(dotted name, had, asked) of every setting that differs, nested settings (quantise) by their parts."""
+    differing = []
+    for key in sorted(had.keys() | asked.keys()):
+        a, b = had.get(key), asked.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            differing += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            differing.append((f"{prefix}{key}", a, b))
+    return differing
 
 
 def phase_a_fidelity(run_dir: Path, boundaries, dataset: Path | None = None, *,

@@ -1,9 +1,13 @@
 """The Phase-B study's report: report.md with its tables and figures, rebuilt from the runs' files.
 
-Every number comes from a run's summary.json, its evaluation's results.json, the study's own
-record (config, fidelity) or the Phase-A model's configuration; nothing is estimated. A device
-whose power was not measured is reported as "not measured" with its reason, never as zero.
-Conditions are averaged over training seeds; task success is also pooled over them.
+Every number comes from a run's config.json, its summary.json, its evaluation's results.json, the
+study's own record (which runs, fidelity) or the model configuration the runs were trained with;
+nothing is estimated. What each run was made with (steps, offload device, quantisation as made,
+evaluation length, replanning...) is read from its own files, never from the command that asked for
+the report: the introduction states it, the Runs table lists it per run, and settings on which the
+runs differ are flagged in both. A device whose power was not measured is reported as "not
+measured" with its reason, never as zero. Conditions are averaged over training seeds; task success
+is also pooled over them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ TIME_STAGES = (
     ("learner", "update", "learner update"),
 )
 
+# What the report says each run was made with, in the order it says it (made_with).
+SETTINGS = ("Phase-A run", "steps", "batch", "training episodes", "offload device", "offload precision", "quantisation",
+            "calibration episodes", "cache dtype", "evaluation seeds", "evaluation episode length", "replanning")
+
 TIME_FIGURE = "time_breakdown.png"
 ENERGY_FIGURE = "energy_per_sample.png"
 MEMORY_FIGURE = "peak_memory.png"
@@ -44,40 +52,46 @@ SUCCESS_FIGURE = "success_rate.png"
 
 @dataclass(frozen=True)
 class Run:
-    """One condition trained with one seed, and its evaluation."""
+    """One condition trained with one seed, and its evaluation, as their files have them."""
 
+    condition: str
     seed: int
+    config: dict  # config.json
     summary: dict
     results: dict
 
+    @property
+    def name(self) -> str:
+        return f"{self.condition}-s{self.seed}"
 
-def load_runs(out: Path, conditions: list[str], seeds: list[int], eval_seeds: str) -> dict[str, list[Run]]:
-    """{condition: its runs in seed order}; refuses to report on a study with any run's files missing."""
-    paths = {}
-    for condition in conditions:
-        for seed in seeds:
-            run_dir = out / f"{condition}-s{seed}"
-            paths[condition, seed] = (run_dir / "summary.json",
-                                      run_dir / "eval" / eval_seeds.replace(",", "_") / "results.json")
-    missing = [str(path) for pair in paths.values() for path in pair if not path.is_file()]
+
+def load_runs(study: dict) -> dict[str, list[Run]]:
+    """{condition: its runs in the study's order} from the study's record of run and evaluation
+    directories; refuses to report on a study with any run's files missing."""
+    paths = {(entry["condition"], entry["seed"]): (Path(entry["run"]) / "config.json",
+                                                   Path(entry["run"]) / "summary.json",
+                                                   Path(entry["eval"]) / "results.json")
+             for entry in study["runs"]}
+    missing = [str(path) for files in paths.values() for path in files if not path.is_file()]
     if missing:
         raise UserError(f"the study report needs every condition's training summary and evaluation; missing: "
                         f"{', '.join(missing)}; run `hetlab offload study` again to finish them")
-    return {condition: [Run(seed, *(json.loads(path.read_text()) for path in paths[condition, seed]))
-                        for seed in seeds] for condition in conditions}
+    runs: dict[str, list[Run]] = {}
+    for (condition, seed), files in paths.items():
+        runs.setdefault(condition, []).append(Run(condition, seed, *(json.loads(path.read_text()) for path in files)))
+    return runs
 
 
-def write_study_report(out: Path, study: dict, conditions: list[str], seeds: list[int], eval_seeds: str) -> Path:
-    """Writes <out>/report.md and its figures; returns the report's path."""
+def write_study_report(out: Path, study: dict) -> Path:
+    """Writes <out>/report.md and its figures for `study` = {"runs": [{"condition", "seed", "run": its
+    directory, "eval": its evaluation's directory}, ...], "fidelity": fidelity() as a dict or None};
+    returns the report's path."""
     out = Path(out)
-    runs = load_runs(out, conditions, seeds, eval_seeds)
-    phase_a_config = Path(study["config"]["from_run"]) / "config.json"
-    if not phase_a_config.is_file():
-        raise UserError(f"{phase_a_config} is missing: the study report reads the Phase-A model's configuration there")
-    phase_a = json.loads(phase_a_config.read_text())
+    runs = load_runs(study)
     sections = [
-        introduction(study, runs, seeds, eval_seeds),
-        model_split(ARActor(ARActorConfig(**phase_a["model"]))),
+        introduction(runs),
+        runs_section(runs),
+        model_split(ARActor(ARActorConfig(**next(iter(runs.values()))[0].config["model"]))),
         conditions_table(runs),
         time_section(runs, out / TIME_FIGURE),
         energy_section(runs, out / ENERGY_FIGURE),
@@ -91,26 +105,107 @@ def write_study_report(out: Path, study: dict, conditions: list[str], seeds: lis
     return report
 
 
+# --- what each run was made with --------------------------------------------------------------
+
+
+def made_with(run: Run) -> dict[str, str]:
+    """{setting as the report names it: its value} for the settings this run has, from its own files."""
+    phase_b, results = run.config["phase_b"], run.results
+    settings = {"Phase-A run": f"`{phase_b['from_run']}`", "steps": str(phase_b["steps"]),
+                "batch": str(phase_b["batch"]), "training episodes": phase_b["train_episodes"]}
+    if run.condition.startswith("L"):
+        settings["offload device"] = f"`{phase_b['offload_device']}`"
+        settings["offload precision"] = phase_b["offload_precision"]
+        if phase_b["offload_precision"] == "int8":
+            # As the backend made it (its overflow fix decided), else as asked.
+            settings["quantisation"] = quantisation(run.summary["encoder"].get("quantise", phase_b["quantise"]))
+            settings["calibration episodes"] = phase_b["calibration_episodes"]
+    if run.condition == "cache":
+        settings["cache dtype"] = phase_b["cache_dtype"]
+    settings["evaluation seeds"] = results["seeds"]
+    settings["evaluation episode length"] = f"{results['max_steps']} steps"
+    settings["replanning"] = f"every {results['replan_every']} actions"
+    return settings
+
+
+def quantisation(quantise: dict) -> str:
+    """A QuantiseConfig (as a dict) in words."""
+    method = quantise["method"] + (f" {quantise['percentile']:g}" if quantise["method"] == "percentile" else "")
+    parts = [method, "+".join(quantise["op_types"]) if quantise["op_types"] else "all operators",
+             "per channel" if quantise["per_channel"] else "per tensor"]
+    if quantise["symmetric_activations"]:
+        parts.append("symmetric activations")
+    return " / ".join([*parts, f"overflow fix {quantise['overflow_fix']}"])
+
+
+def settings_of(runs: dict[str, list[Run]]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, list[str]]]]:
+    """({run name: made_with(run)}, {setting the runs differ on: {value: names of the runs with it}})."""
+    settings = {run.name: made_with(run) for condition_runs in runs.values() for run in condition_runs}
+    values: dict[str, dict[str, list[str]]] = {}
+    for name, run_settings in settings.items():
+        for setting, value in run_settings.items():
+            values.setdefault(setting, {}).setdefault(value, []).append(name)
+    return settings, {setting: by_value for setting, by_value in values.items() if len(by_value) > 1}
+
+
 # --- sections ---------------------------------------------------------------------------------
 
 
-def introduction(study: dict, runs: dict[str, list[Run]], seeds: list[int], eval_seeds: str) -> str:
-    config = study["config"]
+def introduction(runs: dict[str, list[Run]]) -> str:
+    settings, differing = settings_of(runs)
+
+    def stated(setting: str) -> str:
+        """The setting's value, or its values where the runs differ."""
+        return " or ".join(dict.fromkeys(s[setting] for s in settings.values() if setting in s))
+
+    seeds = list(dict.fromkeys(run.seed for condition_runs in runs.values() for run in condition_runs))
     episodes = sorted({run.results["episodes"] for condition_runs in runs.values() for run in condition_runs})
-    # The runs do not record their machine; the study trains and reports on the same one, so name this one.
     text = (f"# Phase B study: the frozen visual encoder, offloaded\n\n"
-            f"A new action expert was trained on the frozen visual encoder of the Phase-A run `{config['from_run']}` "
+            f"A new action expert was trained on the frozen visual encoder of the Phase-A run {stated('Phase-A run')} "
             f"under {len(runs)} conditions ({', '.join(runs)}), with training seeds {', '.join(map(str, seeds))}, "
-            f"for {config['steps']} steps each, and every run was evaluated closed-loop on environment seeds "
-            f"{eval_seeds} ({' or '.join(map(str, episodes))} episodes per run). Offloaded encoder prefixes ran on "
-            f"`{config['offload_device']}`. Machine (where this report was written): {platform.platform()}, "
-            f"{pick_device('cpu').name}. Times, energy and memory are means over the training seeds.")
+            f"for {stated('steps')} steps each (batch {stated('batch')}, training episodes "
+            f"{stated('training episodes')}), and every run was evaluated closed-loop on environment seeds "
+            f"{stated('evaluation seeds')} ({' or '.join(map(str, episodes))} episodes per run, at most "
+            f"{stated('evaluation episode length')} each, replanning {stated('replanning')}).")
+    if any(condition.startswith("L") for condition in runs):
+        text += f" Offloaded encoder prefixes ran on {stated('offload device')} in {stated('offload precision')}"
+        if stated("quantisation"):
+            text += (f", quantised with {stated('quantisation')} and calibrated on episodes "
+                     f"{stated('calibration episodes')}")
+        text += "."
+    if "cache" in runs:
+        text += f" The feature cache stored {stated('cache dtype')}."
+    # The runs do not record their machine; the study trains and reports on the same one, so name this one.
+    text += (f" Machine (where this report was written): {platform.platform()}, {pick_device('cpu').name}. "
+             "Times, energy and memory are means over the training seeds; the Runs table lists what each run was "
+             "made with, from its own files.")
     stopped = [f"{condition} seed {run.seed} stopped after {run.summary['steps']} steps ({run.summary['stopped_by']})"
                for condition, condition_runs in runs.items() for run in condition_runs
-               if run.summary["steps"] != config["steps"]]
+               if run.summary["steps"] != run.config["phase_b"]["steps"]]
     if stopped:
         text += " Not every run reached its steps: " + "; ".join(stopped) + "."
+    if differing:
+        listed = (f"{setting} " + ", ".join(f"{value} ({', '.join(names)})" for value, names in by_value.items())
+                  for setting, by_value in differing.items())
+        text += ("\n\n**The runs differ in their settings**, so their numbers do not compare like for like: "
+                 + "; ".join(listed) + ".")
     return text
+
+
+def runs_section(runs: dict[str, list[Run]]) -> str:
+    settings, differing = settings_of(runs)
+    columns = [setting for setting in SETTINGS if any(setting in run_settings for run_settings in settings.values())]
+    rows = [[run.condition, str(run.seed),
+             *(_flagged(settings[run.name].get(setting, "—"), setting in differing) for setting in columns)]
+            for condition_runs in runs.values() for run in condition_runs]
+    note = "Each run's settings as its config.json, summary.json and results.json have them"
+    note += "; **bold**: a setting the runs differ on." if differing else "."
+    return ("## Runs\n\n" + table(["condition", "training seed", *columns], rows)
+            + f"\n\n{note} \"—\": the condition has no such setting.")
+
+
+def _flagged(cell: str, differs: bool) -> str:
+    return f"**{cell}**" if differs and cell != "—" else cell
 
 
 def model_split(model: ARActor) -> str:
