@@ -2,13 +2,17 @@
 
 A checkpoint is a directory `checkpoints/<iteration>/` holding `tensors.safetensors` (every
 tensor and array of the state, keyed by its path) and `state.json` (everything else, with
-each tensor replaced by a reference). It is written under a temporary name and renamed
-whole; `checkpoint.json` in the run directory then names the newest one.
+each tensor replaced by a reference). It is written under a temporary name, flushed to disk and
+renamed whole; `checkpoint.json` in the run directory then names the newest one. The checkpoint
+that `checkpoint.json` names is never removed before the pointer has moved on, so a crash at any
+moment leaves it naming a complete checkpoint: a second save of one iteration (a run stopped at
+a checkpoint boundary) goes to `<iteration>-b` (or back to `<iteration>`) rather than over it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -19,9 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hetlab.errors import UserError
-from hetlab.files import write_text_atomic
+from hetlab.files import fsync_directory, fsync_tree, temporary_sibling, temporary_target, write_text_atomic
 
 KEEP = 2  # newest checkpoints kept per run
+CHECKPOINT_NAME = re.compile(r"[0-9]{7,}(-b)?")  # <iteration>, or <iteration>-b for its second save
 
 
 def _flatten(node: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -57,22 +62,54 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
     """Write `state` (and whatever `write_extra(directory)` puts beside it) as one checkpoint."""
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    final = checkpoints / f"{iteration:07d}"
-    tmp = checkpoints / f".{final.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    tensors: dict[str, torch.Tensor] = {}
-    tree = _flatten(state, "", tensors)
-    save_file(tensors, tmp / "tensors.safetensors")
-    (tmp / "state.json").write_text(json.dumps(tree))
-    if write_extra is not None:
-        write_extra(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    final = checkpoints / _fresh_name(iteration, _named(run_dir))
+    tmp = temporary_sibling(final, directory=True)
+    try:
+        tensors: dict[str, torch.Tensor] = {}
+        tree = _flatten(state, "", tensors)
+        save_file(tensors, tmp / "tensors.safetensors")
+        (tmp / "state.json").write_text(json.dumps(tree))
+        if write_extra is not None:
+            write_extra(tmp)
+        fsync_tree(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # not the named one: a leftover of an earlier crash
+        tmp.rename(final)
+        fsync_directory(checkpoints)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": final.name, "iteration": iteration}))
-    for old in sorted(p for p in checkpoints.iterdir() if not p.name.startswith("."))[:-KEEP]:
-        shutil.rmtree(old)
+    for old in _superseded(checkpoints, final):  # only now that the pointer has moved
+        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _superseded(checkpoints: Path, final: Path) -> list[Path]:
+    """What a save of `final` makes obsolete: the other checkpoint of its iteration, those beyond the KEEP
+    newest, and temporary directories a crash left behind."""
+    entries = list(checkpoints.iterdir())
+    saved = [p for p in entries if CHECKPOINT_NAME.fullmatch(p.name)]
+    replaced = [p for p in saved if p != final and _iteration(p) == _iteration(final)]
+    newest = sorted((p for p in saved if p not in replaced), key=_iteration)
+    temporaries = [p for p in entries if CHECKPOINT_NAME.fullmatch(temporary_target(p) or "")]
+    return replaced + [p for p in newest[:-KEEP] if p != final] + temporaries
+
+
+def _iteration(checkpoint: Path) -> int:
+    return int(checkpoint.name.partition("-")[0])
+
+
+def _fresh_name(iteration: int, named: str | None) -> str:
+    """`<iteration>`, or `<iteration>-b` while checkpoint.json names `<iteration>`: never the named one."""
+    name = f"{iteration:07d}"
+    return f"{name}-b" if named == name else name
+
+
+def _named(run_dir: Path) -> str | None:
+    """The checkpoint directory checkpoint.json names, if it is readable."""
+    try:
+        return json.loads((run_dir / "checkpoint.json").read_text())["latest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

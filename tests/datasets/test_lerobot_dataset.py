@@ -203,6 +203,44 @@ def test_reopening_keeps_committed_episodes_and_cleans_leftovers(tiny_dataset, m
     assert json.loads((root / "meta/info.json").read_text())["total_frames"] == 2 * STEPS + 10
 
 
+def test_reopening_deletes_only_the_writers_own_temporaries(tiny_dataset, make_frames):
+    """Hidden files of other tools (a git checkout of a hub dataset, Finder's .DS_Store) are not a
+    crash's leftovers: reopening keeps them, hidden directories included."""
+    root = tiny_dataset.root
+    others = [root / "meta/.DS_Store", root / "data/chunk-000/.gitattributes", root / f"videos/{CAMERA}/.notes"]
+    for path in others:
+        path.write_text("not the writer's")
+    (root / "data/.git/objects").mkdir(parents=True)
+    (root / "data/.git/.keep").write_text("")
+    leftover = root / "meta/episodes/chunk-000/.file-002.parquet.0123456789abcdef.tmp.parquet"
+    leftover.write_bytes(b"half")
+    with LeRobotWriter(root, tiny_dataset.spec) as writer:
+        assert writer.num_episodes == 2
+        rng = np.random.default_rng(3)
+        state, action = rng.standard_normal((2, 10, 14)).astype(np.float32)
+        writer.add_episode({CAMERA: make_frames(2, steps=10)}, state, action)
+    assert not leftover.exists()
+    assert all(path.read_text() == "not the writer's" for path in others)
+    assert (root / "data/.git/objects").is_dir() and (root / "data/.git/.keep").is_file()
+    assert LeRobotDataset(root).episode_lengths == {0: STEPS, 1: STEPS, 2: 10}
+
+
+def test_a_new_dataset_may_go_where_only_hidden_files_are(tmp_path, make_frames, tiny_dataset):
+    root = tmp_path / "fresh"
+    (root / ".git").mkdir(parents=True)
+    (root / ".gitattributes").write_text("*.mp4 filter=lfs\n")
+    rng = np.random.default_rng(4)
+    state, action = rng.standard_normal((2, 10, 14)).astype(np.float32)
+    with LeRobotWriter(root, tiny_dataset.spec) as writer:
+        writer.add_episode({CAMERA: make_frames(0, steps=10)}, state, action)
+    assert LeRobotDataset(root).episode_lengths == {0: 10}
+    assert (root / ".git").is_dir() and (root / ".gitattributes").read_text() == "*.mp4 filter=lfs\n"
+    (root.parent / "other").mkdir()
+    (root.parent / "other" / "notes.txt").write_text("")
+    with pytest.raises(UserError, match="is not empty and holds no meta/info.json"):
+        LeRobotWriter(root.parent / "other", tiny_dataset.spec)
+
+
 def test_writer_refuses_other_settings_and_a_second_writer(tiny_dataset):
     spec = tiny_dataset.spec
     with pytest.raises(UserError, match="other settings"):

@@ -1,13 +1,16 @@
 """Encoder backends: the ONNX Runtime prefix's k + 1 arrays continue through `encode_rest` to every
-layer, prepared files are reused only for the same settings, and a device or boundary that cannot
-work is a one-line UserError, never a fall back."""
+layer, prepared files are reused only for the same settings, two processes preparing one file (or
+one feature cache) both succeed, and a device or boundary that cannot work is a one-line UserError,
+never a fall back."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import shutil
+import sys
 
 import onnxruntime as ort
+import onnxruntime.quantization
 import pytest
 import torch
 
@@ -15,6 +18,7 @@ from hetlab.errors import UserError
 from hetlab.offload.backends import (OPENVINO_MISSING, OnnxRuntimeBackend, OpenVinoBackend, TorchBackend,
                                      available_offload_devices, make_backend)
 from hetlab.offload.cpu_isa import int8_kernels
+from hetlab.offload.feature_cache import FeatureCache, build_feature_cache
 from hetlab.offload.fidelity import mean_cosine
 from hetlab.offload.quantise import QuantiseConfig
 
@@ -22,7 +26,6 @@ SIZE = (64, 96)
 # The INT8 tokens of this random-init tiny encoder measured ≥ 0.9998 cosine to FP32 at every layer
 # (see test_offload_export); 0.998 leaves ten times that error as margin.
 INT8_COSINE = 0.998
-OPENVINO_INSTALLED = importlib.util.find_spec("openvino") is not None
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +97,63 @@ def test_other_quantisation_settings_or_frames_make_another_file(visual, workdir
     assert len({first, minmax, other_frames}) == 3
 
 
+def test_two_workers_preparing_one_int8_file_both_get_a_whole_one(visual, workdir, fp32_prefixes, calibration,
+                                                                  batch, tmp_path, monkeypatch):
+    """Evaluation workers (separate processes) of one Phase-B run prepare the same INT8 prefix at once.
+    Here a second worker quantises it from start to finish while the first is still writing its copy."""
+    for fp32 in workdir.glob("prefix-*-fp32-*.onnx"):  # exported once per session; only the INT8 file is new
+        shutil.copy(fp32, tmp_path)
+    written = []
+    quantize_static = onnxruntime.quantization.quantize_static
+
+    def quantise_while_another_worker_does(model_input, model_output, *args, **kwargs):
+        quantize_static(model_input, model_output, *args, **kwargs)
+        written.append(model_output)
+        if len(written) == 1:
+            OnnxRuntimeBackend(1, SIZE, tmp_path).prepare(visual, calibration)
+
+    monkeypatch.setattr(onnxruntime.quantization, "quantize_static", quantise_while_another_worker_does)
+    first = OnnxRuntimeBackend(1, SIZE, tmp_path)
+    first.prepare(visual, calibration)
+    assert len(written) == 2 and written[0] != written[1]
+    assert len(first.run(*batch)) == 2
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+class AnotherBuildMidway:
+    """A progress display for build_feature_cache whose first update runs a whole second build of the
+    same cache, as another Phase-B process of the cache condition would."""
+
+    def __init__(self, build):
+        self.build, self.other = build, None
+
+    def add_task(self, *args, **kwargs) -> int:
+        return 0
+
+    def update(self, *args, **kwargs) -> None:
+        if self.other is None:
+            self.other = self.build()
+
+
+def test_two_builds_of_one_feature_cache_both_use_the_first_finished(visual, frames, tmp_path):
+    images, state = frames(6, seed=21)
+    dataset = [{"image": torch.from_numpy(i), "state": torch.from_numpy(s)} for i, s in zip(images, state)]
+    out, key = tmp_path / "cache-fp16-0-1", {"phase_a_step": 20, "train_episodes": "0-1", "image_size": list(SIZE)}
+
+    def build(progress=None) -> dict:
+        return build_feature_cache(visual, dataset, out, "fp16", "image", "state", key, progress)
+
+    midway = AnotherBuildMidway(build)
+    meta = build(midway)
+    assert midway.other is not None and meta == midway.other  # the first to finish won; the other uses it
+    with torch.no_grad():
+        expected = visual(torch.from_numpy(images).float() / 255, torch.from_numpy(state))
+    cached = FeatureCache(out, key).tokens(range(6))
+    for got, want in zip(cached, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)  # fp16 storage
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
 def test_a_provider_onnx_runtime_lacks_here_is_a_user_error(workdir):
     available = ort.get_available_providers()
     missing = next(p for p in ("CUDAExecutionProvider", "TensorrtExecutionProvider", "QNNExecutionProvider")
@@ -105,8 +165,8 @@ def test_a_provider_onnx_runtime_lacks_here_is_a_user_error(workdir):
     assert f"ort:{missing}" not in available_offload_devices()
 
 
-@pytest.mark.skipif(OPENVINO_INSTALLED, reason="OpenVINO is installed here")
-def test_openvino_without_the_package_is_a_user_error(workdir):
+def test_openvino_without_the_package_is_a_user_error(workdir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # what importing it meets where it is not installed
     with pytest.raises(UserError, match="^OpenVINO is not installed: pip install openvino$"):
         OpenVinoBackend(1, SIZE, workdir)
     with pytest.raises(UserError, match="OpenVINO is not installed"):

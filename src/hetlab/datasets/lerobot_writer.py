@@ -5,7 +5,8 @@ committing it is: move its encoded videos into place, write its data file, then 
 episodes metadata: that row is the commit point. `meta/info.json` and `meta/stats.json` follow,
 each replaced whole. Every file is written under a hidden temporary name and renamed, so a
 killed writer leaves complete episodes and at most some unreferenced files, which the next
-writer to open the directory deletes before carrying on after the last committed episode.
+writer to open the directory deletes before carrying on after the last committed episode. It
+deletes nothing else: hidden files of other tools (`.git`, `.gitattributes`, `.DS_Store`) stay.
 
 Encoding a video is the slow part, so it is split off: `stage_episode` (any process) encodes
 into the dataset's staging directory and computes the image stats; `LeRobotWriter.commit` (the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -32,11 +34,13 @@ from hetlab.datasets.lerobot_format import (CHUNKS_SIZE, CODEBASE_VERSION, DATA_
                                             TASKS_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, chunk_and_file)
 from hetlab.datasets.video import CODEC_NAME, PIX_FMT, encode_video
 from hetlab.errors import UserError
-from hetlab.files import atomic_path, write_text_atomic
+from hetlab.files import atomic_path, temporary_target, write_text_atomic
 
 STATE, ACTION, DONE = "observation.state", "action", "next.done"
 STAGING_DIR = ".staging"
 LOCK_FILE = ".writer.lock"
+# The files a writer replaces through a temporary one (videos come from the staging directory instead).
+WRITTEN_THROUGH_TEMPORARY = re.compile(r"file-[0-9]+\.parquet|info\.json|stats\.json|tasks\.parquet")
 
 
 @dataclass(frozen=True)
@@ -207,7 +211,7 @@ class LeRobotWriter:
         """The committed episodes' metadata rows, after checking the directory and cleaning up after a crash."""
         info_path = self.root / INFO_PATH
         if not info_path.exists():
-            if any(p.name not in (LOCK_FILE, STAGING_DIR) for p in self.root.iterdir()):
+            if any(not p.name.startswith(".") for p in self.root.iterdir()):  # hidden ones are other tools'
                 raise UserError(f"{self.root} is not empty and holds no {INFO_PATH}; record into a new or empty "
                                 "directory")
             self._write_summaries_for([])
@@ -222,8 +226,9 @@ class LeRobotWriter:
                             "settings it was made with")
         shutil.rmtree(self.staging_dir, ignore_errors=True)
         for kind in ("meta", "data", "videos"):
-            for leftover in (self.root / kind).rglob(".*"):  # temporary names of writes a crash cut short
-                leftover.unlink()
+            for leftover in (self.root / kind).rglob(".*"):  # temporary files of writes a crash cut short
+                if WRITTEN_THROUGH_TEMPORARY.fullmatch(temporary_target(leftover) or "") and leftover.is_file():
+                    leftover.unlink()
         episodes = []
         for path in sorted((self.root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
             episodes.extend(pq.read_table(path).to_pylist())

@@ -6,6 +6,9 @@ once, then `run(images, state)` → [x0, …, xk], the k + 1 token arrays `encod
 ONNX backends export (and quantise) the prefix into a work directory and reuse the file on the
 next run with the same settings; the file name holds the settings and a digest of the weights,
 image size and calibration frames, so a resumed or retrained encoder never meets a stale file.
+Evaluation workers in separate processes may prepare one file at once: each writes a temporary
+file of its own (`hetlab.files.atomic_path`) and renames it into place, so none fails and the
+file any of them opens is whole.
 An INT8 backend decides the quantisation's overflow fix for the int8 kernels of its own provider or
 device (`cpu_isa`), so a file made for one CPU's kernels is not reused for another's.
 A requested device that is missing is an error, never a silent fall back to another.

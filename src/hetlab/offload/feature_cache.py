@@ -4,12 +4,14 @@ Phase B's encoder is frozen and sees no image augmentation, so each frame always
 same tokens x1..xL (the action expert rebuilds its K/V from them). They are computed once,
 stored memory-mapped, and Phase B then reads tokens instead of decoding video and running the
 encoder. Storage: FP16, or INT8 with one FP16 scale per token (symmetric, absmax / 127).
-A cache directory is written under a temporary name and renamed whole, so a half-built one
-is never read.
+A cache directory is written under a temporary name of its own builder and renamed whole, so a
+half-built one is never read; when two builds race, the one that renames first wins and the
+other uses its cache.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import time
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 
 from hetlab.errors import UserError
-from hetlab.files import write_text_atomic
+from hetlab.files import fsync_directory, fsync_tree, temporary_sibling, write_text_atomic
 
 BUILD_BATCH = 16
 
@@ -38,18 +40,26 @@ def _encode_all(visual, dataset, camera: str, state_key: str) -> Iterator[tuple[
 def build_feature_cache(visual, dataset, out: Path, dtype: Literal["fp16", "int8"], camera: str, state_key: str,
                         key: dict, progress=None) -> dict:
     """Encode every frame of `dataset` (in its order) into the cache directory `out`; `key`
-    (which checkpoint, episodes, image size) is stored so a stale cache is never used."""
+    (which checkpoint, episodes, image size) is stored so a stale cache is never used. Returns the
+    meta of the cache now at `out` (another build's, if that one finished first)."""
     if dtype not in ("fp16", "int8"):
         raise UserError(f"feature cache dtype must be fp16 or int8, got {dtype!r}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(out, directory=True)
+    try:
+        return _publish(_write_cache(visual, dataset, tmp, dtype, camera, state_key, key, progress), tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_cache(visual, dataset, tmp: Path, dtype: str, camera: str, state_key: str, key: dict, progress) -> dict:
+    """The whole cache in the (empty) directory `tmp`, on disk; returns its meta."""
     started = time.perf_counter()
     visual.eval()
     probe = dataset[0]
     with torch.no_grad():
         layers = visual(probe[camera][None].float().div_(255), probe[state_key][None])
     shape = (len(dataset), len(layers), *layers[0].shape[1:])
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     tokens = np.lib.format.open_memmap(tmp / "tokens.npy", "w+", np.float16 if dtype == "fp16" else np.int8, shape)
     scales = np.lib.format.open_memmap(tmp / "scales.npy", "w+", np.float16, shape[:3]) if dtype == "int8" else None
     job = progress.add_task("feature cache", total=len(dataset)) if progress is not None else None
@@ -70,9 +80,34 @@ def build_feature_cache(visual, dataset, out: Path, dtype: Literal["fp16", "int8
             "build_s": time.perf_counter() - started,
             "bytes": sum(p.stat().st_size for p in tmp.iterdir())}
     write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    fsync_tree(tmp)
     return meta
+
+
+def _publish(meta: dict, tmp: Path, out: Path) -> dict:
+    """Rename the built cache `tmp` to `out`. Where another build of the same key got there first its
+    cache stays (a Phase-B run may be reading it) and this one is dropped; anything else at `out`
+    (a stale or broken cache) is replaced."""
+    while True:
+        try:
+            tmp.rename(out)  # over nothing or an empty directory; never over a full one
+            fsync_directory(out.parent)
+            return meta
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        try:
+            there = json.loads((out / "meta.json").read_text())
+        except (OSError, ValueError):
+            there = None
+        if isinstance(there, dict) and there.get("key") == meta["key"] and there.get("dtype") == meta["dtype"]:
+            return there
+        aside = temporary_sibling(out, directory=True)
+        try:
+            out.rename(aside)  # the empty `aside` is replaced; fails only if another build moved `out` first
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 class FeatureCache:

@@ -1,0 +1,92 @@
+"""Checkpoints: flushed to disk before checkpoint.json names them, and checkpoint.json names a
+complete checkpoint whatever moment a save is cut short at, a second save of one iteration included."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hetlab.checkpoint as checkpoint
+from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
+
+
+def state(value: float) -> dict:
+    return {"weights": torch.full((3,), value), "buffer": np.arange(4) * value, "step": int(value)}
+
+
+def named(run: Path) -> str:
+    return json.loads((run / "checkpoint.json").read_text())["latest"]
+
+
+def test_save_and_load_round_trip(tmp_path):
+    save_checkpoint(tmp_path, 5, state(5.0))
+    loaded = load_checkpoint(tmp_path)
+    assert torch.equal(loaded["weights"], torch.full((3,), 5.0)) and loaded["step"] == 5
+    np.testing.assert_array_equal(loaded["buffer"], np.arange(4) * 5.0)
+
+
+@pytest.mark.parametrize("crash_at", ["rename", "pointer"])
+def test_a_second_save_of_one_iteration_cut_short_leaves_the_first(tmp_path, monkeypatch, crash_at):
+    """Phase B saves its last step twice when the run ends on a checkpoint boundary. Cut short before
+    or after the new directory is renamed into place, checkpoint.json still names a whole one."""
+    save_checkpoint(tmp_path, 10, state(1.0))
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    if crash_at == "rename":
+        monkeypatch.setattr(Path, "rename", crash)
+    else:
+        monkeypatch.setattr(checkpoint, "write_text_atomic", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 10, state(2.0))
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path)["weights"][0] == 1.0
+    # The next save goes on as usual and clears what the cut-short one left.
+    save_checkpoint(tmp_path, 10, state(3.0))
+    assert load_checkpoint(tmp_path)["weights"][0] == 3.0
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [named(tmp_path)]
+
+
+def test_a_second_save_of_one_iteration_alternates_between_two_names(tmp_path):
+    for value, name in [(1.0, "0000010"), (2.0, "0000010-b"), (3.0, "0000010")]:
+        save_checkpoint(tmp_path, 10, state(value))
+        assert named(tmp_path) == name and load_checkpoint(tmp_path)["weights"][0] == value
+        assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [name]
+
+
+def test_the_newest_are_kept_and_other_files_left_alone(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / ".DS_Store").write_bytes(b"")
+    (checkpoints / ".0000002.0123456789abcdef.tmp").mkdir()  # a save killed before its rename
+    for iteration in range(1, 5):
+        save_checkpoint(tmp_path, iteration, state(float(iteration)))
+    assert sorted(p.name for p in checkpoints.iterdir()) == [".DS_Store", *[f"{i:07d}" for i in range(5 - KEEP, 5)]]
+    assert named(tmp_path) == "0000004"
+
+
+def test_every_file_is_on_disk_before_checkpoint_json_names_it(tmp_path, monkeypatch):
+    events = []
+    fsync = os.fsync
+
+    def recording_fsync(fd):
+        events.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    def extra(directory: Path) -> None:
+        (directory / "replay").mkdir()
+        np.save(directory / "replay" / "obs.npy", np.zeros(3))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    save_checkpoint(tmp_path, 1, state(1.0), write_extra=extra)
+    pointer = events.index(str(tmp_path))  # checkpoint.json's rename made durable: the last step
+    before = [Path(path) for path in events[:pointer]]
+    written = {path.name for path in before}
+    assert {"tensors.safetensors", "state.json", "obs.npy", "replay"} <= written
+    assert Path(tmp_path / "checkpoints") in before  # the checkpoint's rename, before the pointer's
