@@ -31,9 +31,8 @@ from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
+from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
 from hetlab.seeds import parse_seeds
-
-RUN_KIND = "aloha-ar-actor"
 
 
 @dataclass(frozen=True)
@@ -162,12 +161,25 @@ def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weig
 
 def read_run_config(run_dir: Path) -> dict:
     """config.json of a Phase-A or Phase-B run, without loading its weights."""
-    config_path = Path(run_dir) / "config.json"
-    if not config_path.is_file():
-        raise UserError(f"{run_dir}: not a run directory (no config.json); pass runs/{RUN_KIND}/<timestamp>")
-    config = json.loads(config_path.read_text())
+    config = read_config_json(run_dir, f"runs/{RUN_KIND}/<timestamp>")
     if config.get("kind") != RUN_KIND:
-        raise UserError(f"{run_dir}: not an AR-Actor run (kind {config.get('kind')!r})")
+        kind = f"kind {config['kind']!r}" if "kind" in config else "a run of `hetlab train`"
+        raise UserError(f"{run_dir}: not an AR-Actor run ({kind}); pass runs/{RUN_KIND}/<timestamp>")
+    return config
+
+
+def read_phase_a_config(run_dir: Path, needs: str) -> dict:
+    """config.json of a Phase-A run; a Phase-B run is refused, naming the Phase-A run it came from.
+    `needs` says why, e.g. "--resume continues a Phase-A run"."""
+    config = read_run_config(run_dir)
+    phase = config.get("phase")
+    if phase == "B":
+        phase_b = config.get("phase_b")
+        source = phase_b.get("from_run") if isinstance(phase_b, dict) else None
+        raise UserError(f"{run_dir} is a Phase-B run (a new action expert on a frozen Phase-A encoder); {needs}: "
+                        f"pass {source or 'the Phase-A run'}, the one it came from")
+    if phase != "A":
+        raise UserError(f"{run_dir}: config.json names phase {phase!r}, not A; {needs}")
     return config
 
 
@@ -177,8 +189,9 @@ def load_run(run_dir: Path) -> tuple[dict, dict]:
 
 
 def load_policy(run_dir: Path) -> tuple[ARActor, dict]:
-    """The run's trained AR-Actor (eval mode, CPU) and its config."""
-    config, state = load_run(run_dir)
+    """A Phase-A run's trained AR-Actor (eval mode, CPU) and its config."""
+    config = read_phase_a_config(run_dir, "this reads a Phase-A run's whole model")
+    state = load_checkpoint(Path(run_dir))
     model = ARActor(ARActorConfig(**config["model"]))
     load_weights(model, state["model"], run_dir)
     return model.eval(), config
@@ -202,10 +215,12 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
 
     state = None
     if cfg.resume is not None:
-        saved, state = load_run(cfg.resume)
-        cfg = dataclasses.replace(config_from_json(saved["phase_a"]), steps=cfg.steps or saved["phase_a"]["steps"],
-                                  max_seconds=cfg.max_seconds, resume=cfg.resume)
         run_dir = Path(cfg.resume)
+        saved = read_phase_a_config(run_dir, "--resume continues a Phase-A run")
+        state = load_checkpoint(run_dir)
+        restored = config_from_json(saved, run_dir)
+        cfg = dataclasses.replace(restored, steps=cfg.steps or restored.steps, max_seconds=cfg.max_seconds,
+                                  resume=cfg.resume)
     preset = cfg.resolved
     device = pick_device(cfg.device)
     threads_before = torch.get_num_threads()
@@ -293,9 +308,14 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     return run_dir
 
 
-def config_from_json(saved: dict) -> PhaseAConfig:
+def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
+    """The options a Phase-A run's config.json records."""
     paths = {"dataset", "imagenet_weights", "runs_dir", "resume"}
-    return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in saved.items()})
+    try:
+        return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in config["phase_a"].items()})
+    except (KeyError, TypeError, AttributeError) as e:  # an edited file, or one another hetlab version wrote
+        raise UserError(f"{run_dir / 'config.json'} does not hold the Phase-A options this hetlab reads ({e!r}); "
+                        "restore it from a copy of the run, or start a new run") from e
 
 
 def _truncate_history(run_dir: Path, step: int) -> None:
