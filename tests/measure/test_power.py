@@ -1,7 +1,7 @@
 """Power meters, the sampler thread and trapezoid energy.
 
-The RAPL tests read real files: a fake powercap folder whose counters the test writes. The
-sampler tests drive a small real meter whose power is a known function of time, so the
+The RAPL tests read real files: a fake powercap folder whose counters the test writes (read by an
+unprivileged process where file modes matter: root reads any file). The sampler tests drive a small real meter whose power is a known function of time, so the
 energy it should report is known in closed form.
 """
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -238,11 +240,54 @@ def test_rapl_meter_says_when_the_counter_does_not_exist(tmp_path):
     assert "no RAPL zones" in unavailable["CPU packages"]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
-def test_rapl_meter_says_when_the_counter_is_root_only(tmp_path):
-    fake_package(tmp_path, 0, 1).chmod(0o200)
-    with pytest.raises(MeterUnavailable, match="readable by root only"):
-        RaplMeter(0, tmp_path)
+NOBODY = 65534  # the unprivileged user and group of Linux distributions
+
+
+def unprivileged(function) -> str:
+    """"ok", or "<exception type>: <message>" of what `function()` raised, run as a user without root's
+    right to read any file: this process when it is not root, else a forked child that gives root up."""
+    if os.geteuid() != 0:
+        try:
+            function()
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return "ok"
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read)
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                function()
+                outcome = "ok"
+            except BaseException as e:
+                outcome = f"{type(e).__name__}: {e}"
+            os.write(write, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        outcome = pipe.read()
+    os.waitpid(child, 0)
+    return outcome
+
+
+@pytest.fixture
+def shared_tmp_path():
+    """A temporary directory other users may enter (pytest's are the owner's only)."""
+    with tempfile.TemporaryDirectory(prefix="hetlab-powercap-") as directory:
+        os.chmod(directory, 0o755)
+        yield Path(directory)
+
+
+def test_rapl_meter_says_when_the_counter_is_root_only(shared_tmp_path):
+    counter = fake_package(shared_tmp_path, 0, 1)
+    counter.chmod(0o400)  # root's only, as Linux has made it since CVE-2020-8694 (Platypus)
+    outcome = unprivileged(lambda: RaplMeter(0, shared_tmp_path))
+    assert outcome == (f"MeterUnavailable: {counter} is readable by root only; run as root or "
+                       f"`sudo chmod a+r {counter}`")
 
 
 # NVML and this machine

@@ -11,7 +11,7 @@ from hetlab.offload.backends import OpenVinoBackend, available_offload_devices, 
 from hetlab.offload.fidelity import mean_cosine
 from hetlab.offload.quantise import QuantiseConfig
 
-pytest.importorskip("openvino", reason="the openvino extra is not installed")
+openvino = pytest.importorskip("openvino", reason="the openvino extra is not installed")
 
 SIZE = (64, 96)
 INT8_COSINE = 0.998  # as for ONNX Runtime: measured ≥ 0.9997 on this tiny encoder, ten times the error as margin
@@ -52,10 +52,17 @@ def test_a_device_openvino_lacks_is_refused_by_name(workdir):
 
 
 def test_asymmetric_int8_activations_are_reported_not_crashed(visual, workdir, fp32_prefixes, frames):
+    """OpenVINO 2026.4's CPU plugin cannot compile int8 MatMuls whose activations have zero points, and
+    hetlab says to quantise them symmetrically. An OpenVINO that compiles them fails this test, naming
+    its version, so QuantiseConfig.symmetric_activations' note and this test are revisited."""
     backend = OpenVinoBackend(1, SIZE, workdir)
     try:
         backend.prepare(visual, frames(16, seed=12))
-    except UserError as error:  # OpenVINO 2026.4's CPU plugin: int8 MatMuls with zero points
-        assert "symmetric activations" in str(error)
-    else:  # a later OpenVINO compiles it: then it must also compute it
-        assert len(backend.run(*map(torch.from_numpy, frames(2, seed=13)))) == 2
+    except UserError as error:
+        assert str(error).endswith("(int8 activations with zero points); quantise with symmetric activations "
+                                   "(QuantiseConfig(symmetric_activations=True))")
+        assert isinstance(error.__cause__, RuntimeError) and "MatMulTransformation" in str(error.__cause__), \
+            f"OpenVINO {openvino.__version__} fails for another reason: {error.__cause__}"
+    else:
+        pytest.fail(f"OpenVINO {openvino.__version__} compiles int8 MatMuls with activation zero points, which 2026.4 "
+                    "could not: check its tokens against FP32, then update this test and QuantiseConfig")
