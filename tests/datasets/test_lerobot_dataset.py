@@ -248,3 +248,16 @@ def test_writer_refuses_other_settings_and_a_second_writer(tiny_dataset):
     with LeRobotWriter(tiny_dataset.root, spec):
         with pytest.raises(UserError, match="another process"):
             LeRobotWriter(tiny_dataset.root, spec)
+
+
+def test_a_dataset_killed_before_its_first_stats_file_reads_the_committed_rows_stats(tiny_dataset):
+    """The episode's metadata row is the commit point and stats.json follows it: a writer killed in
+    between leaves no stats.json, and the reader aggregates the same stats from the rows."""
+    root = tiny_dataset.root
+    written = LeRobotDataset(root).stats
+    (root / "meta/stats.json").unlink()
+    recovered = LeRobotDataset(root).stats
+    assert recovered.keys() == written.keys()
+    for feature, by_stat in written.items():
+        for name, value in by_stat.items():
+            np.testing.assert_allclose(recovered[feature][name], value, rtol=1e-12, err_msg=f"{feature}/{name}")

@@ -61,7 +61,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.video_keys = [key for key, ft in self.info["features"].items() if ft["dtype"] == "video"]
         if self.video_keys:
             require_av()
-        self.stats = stats_lib.from_json(_read_json(self.root / STATS_PATH))
+        self.stats = _dataset_stats(self.root)
         rows = _load_episode_rows(self.root, self.video_keys)
         self.episodes = _select(self.root, rows, episodes)
         self._episode_rows = {e: rows[e] for e in self.episodes}
@@ -197,6 +197,19 @@ def _load_info(root: Path) -> dict:
     if any(ft.get("dtype") == "video" for ft in features.values()) and "video_path" not in info:
         raise UserError(f"{path}: the dataset has video features but no video_path template")
     return info
+
+
+def _dataset_stats(root: Path) -> dict[str, dict[str, np.ndarray]]:
+    """meta/stats.json, or, where a writer was killed before its first one, the same aggregated
+    from the committed episodes' metadata rows."""
+    if (root / STATS_PATH).is_file():
+        return stats_lib.from_json(_read_json(root / STATS_PATH))
+    rows = [row for path in sorted((root / EPISODES_DIR).glob("chunk-*/file-*.parquet"))
+            for row in pq.read_table(path).to_pylist()]
+    stats = stats_lib.from_episode_rows(rows)
+    if not stats:
+        _read_json(root / STATS_PATH)  # the one-line "file missing" error
+    return stats
 
 
 def _load_episode_rows(root: Path, video_keys: list[str]) -> dict[int, dict]:

@@ -3,7 +3,7 @@
 Episode e gets file number e of every kind (data, each camera's video, episodes metadata), so
 committing it is: move its encoded videos into place, write its data file, then write its row of
 episodes metadata: that row is the commit point. `meta/info.json` and `meta/stats.json` follow,
-each replaced whole. Every file is written under a hidden temporary name and renamed, so a
+each replaced whole (a reader that finds no stats.json yet aggregates the committed rows' own). Every file is written under a hidden temporary name and renamed, so a
 killed writer leaves complete episodes and at most some unreferenced files, which the next
 writer to open the directory deletes before carrying on after the last committed episode. It
 deletes nothing else: hidden files of other tools (`.git`, `.gitattributes`, `.DS_Store`) stay.
@@ -280,8 +280,7 @@ class LeRobotWriter:
         (self.root / INFO_PATH).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.root / INFO_PATH, json.dumps(info, indent=4))
         if episodes:
-            dataset_stats = {feature: stats_lib.aggregate(by_episode)
-                             for feature, by_episode in _stats_by_feature(episodes).items()}
+            dataset_stats = stats_lib.from_episode_rows(episodes)
             write_text_atomic(self.root / STATS_PATH, json.dumps(stats_lib.to_json(dataset_stats), indent=4))
 
 
@@ -294,20 +293,6 @@ _PANDAS_TASK_INDEX = {
                  "metadata": None}],
     "creator": {"library": "pyarrow", "version": pa.__version__}, "pandas_version": "2.2.0",
 }
-
-
-def _stats_by_feature(episodes: list[dict]) -> dict[str, list[dict[str, np.ndarray]]]:
-    """Per-episode stats from the `stats/<feature>/<stat>` columns, grouped by feature."""
-    by_feature: dict[str, list[dict[str, np.ndarray]]] = {}
-    for row in episodes:
-        episode_stats: dict[str, dict[str, np.ndarray]] = {}
-        for column, value in row.items():
-            if column.startswith("stats/"):
-                feature, name = column[len("stats/"):].rsplit("/", 1)
-                episode_stats.setdefault(feature, {})[name] = np.asarray(value)
-        for feature, by_stat in episode_stats.items():
-            by_feature.setdefault(feature, []).append(by_stat)
-    return by_feature
 
 
 def _vectors(values: np.ndarray) -> pa.FixedSizeListArray:

@@ -70,6 +70,21 @@ def aggregate(episode_stats: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     }
 
 
+def from_episode_rows(rows: list[dict]) -> dict[str, dict[str, np.ndarray]]:
+    """The dataset's stats (what meta/stats.json holds) from its episodes' metadata rows, whose
+    `stats/<feature>/<stat>` columns hold each episode's own."""
+    by_feature: dict[str, list[dict[str, np.ndarray]]] = {}
+    for row in rows:
+        episode_stats: dict[str, dict[str, np.ndarray]] = {}
+        for column, value in row.items():
+            if column.startswith("stats/"):
+                feature, name = column[len("stats/"):].rsplit("/", 1)
+                episode_stats.setdefault(feature, {})[name] = np.asarray(value)
+        for feature, by_stat in episode_stats.items():
+            by_feature.setdefault(feature, []).append(by_stat)
+    return {feature: aggregate(by_episode) for feature, by_episode in by_feature.items()}
+
+
 def to_json(stats: dict[str, dict[str, np.ndarray]]) -> dict:
     return {feature: {name: np.asarray(value).tolist() for name, value in by_stat.items()}
             for feature, by_stat in stats.items()}
