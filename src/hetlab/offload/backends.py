@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import hashlib
 import importlib.util
+import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -137,11 +138,7 @@ class OpenVinoBackend(EncoderBackend):
 
     def __init__(self, boundary: int, image_size: tuple[int, int], workdir: Path | str, device: str = "CPU",
                  precision: str = "int8", quantise: QuantiseConfig = QuantiseConfig()):
-        if importlib.util.find_spec("openvino") is None:
-            raise UserError(OPENVINO_MISSING)
-        import openvino
-
-        self.core = openvino.Core()
+        self.core = openvino_core()
         if device not in self.core.available_devices:
             raise UserError(f"OpenVINO here has no device {device} (it has {', '.join(self.core.available_devices)})")
         _check_precision(precision)
@@ -245,19 +242,46 @@ def available_offload_devices() -> dict[str, str]:
             devices[name] = "available" if provider in providers else \
                 f"ONNX Runtime here has no {provider} (it has {', '.join(providers)})"
         devices.update({f"ort:{provider}": "available" for provider in providers})
-    if importlib.util.find_spec("openvino") is None:
-        devices["openvino"] = OPENVINO_MISSING
+    try:
+        core = openvino_core()
+    except UserError as e:
+        devices["openvino"] = str(e)
     else:
-        import openvino
-
         devices["openvino"] = "available"
-        devices.update({f"openvino:{device}": "available" for device in openvino.Core().available_devices})
+        devices.update({f"openvino:{device}": "available" for device in core.available_devices})
     return devices
 
 
 def _int8_settings(backend: OnnxRuntimeBackend | OpenVinoBackend) -> dict:
     """The quantisation as made (overflow fix decided) and the int8 kernels it was decided for."""
     return {"quantise": dataclasses.asdict(backend.quantise), "int8_kernels": backend.kernels.describe()}
+
+
+_openvino_core = None
+_openvino_core_lock = threading.Lock()
+
+
+def openvino_core():
+    """The process's one OpenVINO Core, made on first use and kept until the process exits.
+
+    One Core, never several: each Core loads its own CPU plugin, and each CPU plugin, when loaded,
+    swaps in an alternate signal stack of its own on the loading thread (saving the one before); when
+    unloaded it unmaps that stack, putting the saved one back only if its own is still current
+    (OpenVINO's SigAltStackSetup). Two Cores unloaded in the order they were made, not the reverse
+    (garbage collection, or a traceback keeping the first alive, decides that order), leave the thread
+    on an unmapped signal stack: the next signal handled there (SIGCHLD under torch's DataLoader
+    handler when any child exits, Ctrl-C's SIGINT) kills the process with a bare SIGSEGV, and even
+    faulthandler cannot report it, as its handler needs that stack too.
+    """
+    global _openvino_core
+    if importlib.util.find_spec("openvino") is None:
+        raise UserError(OPENVINO_MISSING)
+    with _openvino_core_lock:
+        if _openvino_core is None:
+            import openvino
+
+            _openvino_core = openvino.Core()
+        return _openvino_core
 
 
 def _check_precision(precision: str) -> None:
