@@ -3,7 +3,9 @@
 An algorithm is one file holding a class with `name`, `Config` (its options: a frozen
 dataclass, which becomes the `--<name>.*` options of `hetlab train`), `off_policy` (which
 training loop feeds it), `actor`, `update(batch) -> metrics`, `state_dict()` and
-`load_state_dict()`. Adding one is that file and its entry below.
+`load_state_dict()`, and `cpu_defaults`: the values it takes on a CPU learner for options left at
+their defaults, run-wide (`envs`) or its own (`<name>.batch_size`; see hetlab.train.device_defaults).
+Adding one is that file and its entry below.
 """
 
 from hetlab.algos.appo import APPO

@@ -74,6 +74,8 @@ class APPO:
     off_policy = False  # fed rollouts by the on-policy loop (hetlab.train.on_policy)
     default_mode = "async"  # collectors run ahead; V-trace corrects for the policy lag
     Config = APPOConfig
+    # On a CPU learner, for the options left at their defaults: PPO's (hetlab.algos.ppo.PPO.cpu_defaults).
+    cpu_defaults = {"envs": 512}
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: APPOConfig, device: torch.device,
                  seed: int = 0):

@@ -68,6 +68,12 @@ class PPO:
     off_policy = False  # fed rollouts by the on-policy loop (hetlab.train.on_policy)
     default_mode = "sync"  # collect → learn → collect: every rollout from the newest weights
     Config = PPOConfig
+    # On a CPU learner, for the options left at their defaults (hetlab.train.device_defaults): 512 envs,
+    # as `make run` trains Go1 on a 2-core CPU. The learner's epochs over envs × horizon samples are the
+    # bottleneck there, so an iteration takes half as long. rsl_rl's networks stay: with make run's
+    # 256-128-64 ones APPO (fixed learning rate; PPO's adapts to the KL) turned its weights to NaN on
+    # cartpole after ~100 iterations, and PPO learns cartpole within 150 s without them.
+    cpu_defaults = {"envs": 512}
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: PPOConfig, device: torch.device,
                  seed: int = 0):

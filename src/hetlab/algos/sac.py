@@ -86,6 +86,11 @@ class SAC:
     name = "sac"
     off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = SACConfig
+    # On a CPU learner, for the options left at their defaults (hetlab.train.device_defaults): 256 envs.
+    # The paper's networks and batch are CPU-sized already, but each update pays for a step of every
+    # env: 1024 envs kept the CPU collector busy for half of a cartpole run, and Go1's physics
+    # (~11k env steps/s on 2 cores) would hold the learner to ~10 updates/s.
+    cpu_defaults = {"envs": 256}
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: SACConfig, device: torch.device,
                  seed: int = 0):

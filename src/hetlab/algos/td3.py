@@ -76,6 +76,8 @@ class TD3:
     name = "td3"
     off_policy = True  # fed replay samples by the off-policy loop (hetlab.train.off_policy)
     Config = TD3Config
+    # On a CPU learner, for the options left at their defaults: SAC's (hetlab.algos.sac.SAC.cpu_defaults).
+    cpu_defaults = {"envs": 256}
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: TD3Config, device: torch.device,
                  seed: int = 0):

@@ -57,6 +57,10 @@ class TrainConfig:
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
     mode: Literal["sync", "async", "auto"] = "auto"  # auto: the algorithm's (PPO sync, APPO and off-policy async)
     device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
+    # On a CPU learner, options left at their defaults take the algorithm's CPU-sized values (its
+    # `cpu_defaults`, named at the start of the run; an option given its default value counts as left
+    # at it; see hetlab.train.device_defaults); off: the accelerator-sized defaults everywhere.
+    scale_defaults: bool = True
     threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
     horizon: int = 24  # env steps per rollout (off-policy: per iteration)
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)

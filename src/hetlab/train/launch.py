@@ -1,9 +1,9 @@
 """`hetlab train`: from a config to a running loop.
 
-Resolve the config (a resumed run's own, with the options a resumed run may change), validate
-it, pick the learner device and split the CPU threads, create the run directory, and hand the
-run to its algorithm's loop. Everything a user can get wrong fails here, before the run
-directory exists.
+Resolve the config (a resumed run's own, with the options a resumed run may change; a new run's
+defaults scaled to the learner device it picks), validate it, split the CPU threads, create the
+run directory with the resolved config.json, and hand the run to its algorithm's loop.
+Everything a user can get wrong fails here, before the run directory exists.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hetlab.devices import apply_thread_budget, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.train.config import TrainConfig, load_run_config, validate
+from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
 
@@ -35,8 +36,10 @@ def train(cfg: TrainConfig) -> Path:
         run_dir = Path(cfg.resume)
         resume_state = load_checkpoint(run_dir)
         cfg = resumed_config(load_run_config(run_dir), cfg)
-    validate(cfg)
     device = pick_device(cfg.device)
+    # A resumed run keeps its saved values, resolved for the device it started on.
+    cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})
+    validate(cfg)
     if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
         done = resume_state["iteration"]
         raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "
@@ -46,6 +49,8 @@ def train(cfg: TrainConfig) -> Path:
         run_dir.mkdir(parents=True)
         write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
     print(run_dir, flush=True)  # first line: where everything goes
+    if scaled:
+        print(scaled_line(scaled), flush=True)
 
     budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync")
     apply_thread_budget(budget)
