@@ -8,6 +8,7 @@ console script does.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,15 @@ def test_a_corrupt_ar_actor_config_is_one_line(phase_a_run, tmp_path, capsys, co
 def test_a_corrupt_rl_config_is_one_line(rl_run, tmp_path, capsys, command):
     run = corrupt_copy(rl_run, tmp_path / "run")
     assert refusal(capsys, *command, run).startswith(f"error: {run / 'config.json'} is corrupt (")
+
+
+def test_an_rl_config_with_an_unknown_option_is_one_line(rl_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(rl_run, run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "no_such_option": 1}))
+    line = refusal(capsys, "export", run)
+    assert line.startswith(f"error: {run / 'config.json'} does not hold the options of `hetlab train` (")
 
 
 def test_a_config_that_is_not_an_object_is_one_line(phase_a_run, tmp_path, capsys):

@@ -9,7 +9,6 @@ directory exists.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from hetlab.algos import ALGOS
 from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
 from hetlab.runtime.replay import ReplayLayout
+from hetlab.run_config import read_rl_run_config
 from hetlab.runtime.rollout_ring import RolloutLayout
 from hetlab.sim import SIMS
 from hetlab.tasks import make_config, task_class
@@ -172,12 +172,13 @@ def _validate_off_policy(cfg: TrainConfig) -> None:
 
 def load_run_config(run_dir: Path) -> TrainConfig:
     """The resolved config a run directory was trained with."""
-    path = run_dir / "config.json"
-    if not path.is_file():
-        raise UserError(f"{run_dir} has no config.json; pass a run directory written by `hetlab train`")
-    data = json.loads(path.read_text())
-    saved = data.pop("algos", {})
-    # Runs from before an algorithm existed lack its section.
-    data["algos"] = AlgoConfigs(**{name: ALGOS[name].Config(**options) for name, options in saved.items()})
-    data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
-    return TrainConfig(**data)
+    data = read_rl_run_config(run_dir)
+    try:
+        saved = data.pop("algos", {})
+        # Runs from before an algorithm existed lack its section.
+        data["algos"] = AlgoConfigs(**{name: ALGOS[name].Config(**options) for name, options in saved.items()})
+        data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
+        return TrainConfig(**data)
+    except (TypeError, KeyError, AttributeError) as e:
+        raise UserError(f"{run_dir / 'config.json'} does not hold the options of `hetlab train` ({e}); "
+                        "restore it, or start a new run") from e
