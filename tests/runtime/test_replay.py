@@ -170,7 +170,7 @@ def test_stager_keeps_the_update_to_data_ratio():
             stager.stop()
 
 
-def test_save_and_load_restore_the_windows_and_cut_episodes_at_the_end(tmp_path):
+def test_save_and_load_restore_the_windows_and_a_new_start_cuts_episodes_at_the_end(tmp_path):
     lay = layout()
     steps = np.array([25, 60])
     with ReplayBuffer(lay) as replay:
@@ -185,10 +185,12 @@ def test_save_and_load_restore_the_windows_and_cut_episodes_at_the_end(tmp_path)
             rows = np.arange(first, end) % lay.rows
             cols = restored.columns(collector)
             for name, array in restored.arrays.items():
-                if name != "truncated":
-                    np.testing.assert_array_equal(array[rows, cols], before[name][rows, cols])
+                np.testing.assert_array_equal(array[rows, cols], before[name][rows, cols])
+            # A collector that starts over there ends its episodes at the last step, and only there.
+            restored.end_episodes(collector, committed)
             last = (end - 1) % lay.rows
             assert (np.maximum(restored.arrays["terminated"][last, cols], restored.arrays["truncated"][last, cols]) == 1).all()
+            assert (restored.arrays["truncated"][last, cols] != before["truncated"][last, cols]).any()
             np.testing.assert_array_equal(restored.arrays["truncated"][rows[:-1], cols], before["truncated"][rows[:-1], cols])
 
 

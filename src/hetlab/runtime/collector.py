@@ -188,6 +188,7 @@ def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBu
     task = make_task(spec.task, **spec.task_options)
     random_actions = torch.Generator().manual_seed(spec.seed)
     obs = task.reset()
+    replay.end_episodes(spec.index, spec.first_step)  # its earlier rows end where these episodes begin
     recorder = SpanRecorder()
     step, version = spec.first_step, -1
     while not stop.is_set():

@@ -3,13 +3,15 @@
 A training loop hands the pool its collectors as `CollectorJob`s — an entry point and its
 arguments (the task spec, the policy, the shared ring or replay buffer) — and from then on
 only asks it: `check()` that all are healthy (it raises with a failed collector's traceback or
-exit code), `next_staged()` the stager's next batch while watching them, and `stop()` them. A
+exit code), `next_staged()` the stager's next batch while watching them (None once the run
+should stop: an interrupt, or `ended_by` saying why the pool ended it), and `stop()` them. A
 collector learns that it must stop through the `StopSignal` the pool passes it: set by
 `stop()`, and also read as set once the learner's process is gone, so no collector outlives a
 crashed learner.
 
-`ProcessPool` runs each collector as a spawned process on this machine; a pool of another kind
-(say, collectors on the nodes of a cluster) implements the same `CollectorPool`.
+`ProcessPool` runs each collector as a spawned process on this machine, and a lost one stops
+the run. `hetlab.runtime.ray.pool.RayPool` runs them as actors on the nodes of a Ray cluster
+and replaces a lost one (with `CollectorJob.replace`).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from hetlab.runtime import POLL_S
 @dataclass(frozen=True)
 class CollectorJob:
     """One collector: `target(*args, stop=StopSignal)` collects until the signal is set. Both
-    must be picklable (a module-level function, and what it needs)."""
+    must be picklable (a module-level function, and what it needs). `replace(last_message,
+    attempt)` gives the args of a collector that takes over from this one once it was lost:
+    from its last committed message (None if it committed none), fresh episodes, another seed."""
 
     target: Callable[..., None]
     args: tuple
+    replace: Callable[[dict | None, int], tuple] | None = None
 
 
 class StopSignal:
@@ -50,7 +55,10 @@ class StopSignal:
 
 
 class CollectorPool(ABC):
-    """Starts, watches and stops the collectors of one run; a context manager that stops them."""
+    """Starts, watches and stops the collectors of one run; a context manager that stops them.
+    `close()` then lets go of what the pool holds beyond its collectors (a cluster connection)."""
+
+    ended_by: str | None = None  # set when the pool ends the run itself (collectors lost for good)
 
     @abstractmethod
     def start(self, jobs: list[CollectorJob]) -> None:
@@ -66,11 +74,19 @@ class CollectorPool(ABC):
         `drain_one()` (which reads, with a short timeout, one message they may still be sending);
         then end the stragglers. Idempotent."""
 
+    def metrics(self) -> dict[str, float]:
+        """Numbers about the pool itself for the run's log rows (collectors lost and replaced)."""
+        return {}
+
+    def close(self) -> None:
+        """Let go of what the pool holds beyond its collectors."""
+
     def next_staged(self, stager, interrupted: threading.Event, check: Callable[[], None] | None = None):
-        """The stager's next batch, or None once `interrupted` is set; polls, so a failed
-        collector (or whatever `check` raises for) ends the wait within POLL_S."""
+        """The stager's next batch, or None once `interrupted` is set or the pool has ended the
+        run (`ended_by`); polls, so a failed collector (or whatever `check` raises for) ends
+        the wait within POLL_S."""
         staged = None
-        while staged is None and not interrupted.is_set():
+        while staged is None and not interrupted.is_set() and self.ended_by is None:
             self.check()
             if check is not None:
                 check()
@@ -85,7 +101,8 @@ class CollectorPool(ABC):
 
 
 class ProcessPool(CollectorPool):
-    """Each collector a spawned process of this machine (sharing memory with the learner)."""
+    """Each collector a spawned process of this machine (sharing memory with the learner); a
+    lost one stops the run (`check` raises), so `CollectorJob.replace` goes unused here."""
 
     def __init__(self):
         self._context = multiprocessing.get_context("spawn")
@@ -96,8 +113,9 @@ class ProcessPool(CollectorPool):
 
     def start(self, jobs: list[CollectorJob]) -> None:
         for index, job in enumerate(jobs):
+            # Target and args only: `replace` is the learner's, and need not pickle.
             process = self._context.Process(target=_run, name=f"hetlab-collector-{index}", daemon=True,
-                                            args=(index, job, StopSignal(self._stop), self._errors))
+                                            args=(index, job.target, job.args, StopSignal(self._stop), self._errors))
             process.start()
             self._processes.append(process)
 
@@ -143,11 +161,11 @@ class ProcessPool(CollectorPool):
         self._errors.close()
 
 
-def _run(index: int, job: CollectorJob, stop: StopSignal, errors) -> None:
+def _run(index: int, target: Callable[..., None], args: tuple, stop: StopSignal, errors) -> None:
     """A collector process: the job, with any exception reported to the learner with its traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop
     try:
-        job.target(*job.args, stop=stop)
+        target(*args, stop=stop)
     except BaseException:
         errors.put((index, traceback.format_exc()))
         raise SystemExit(1)

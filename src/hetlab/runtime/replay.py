@@ -65,6 +65,7 @@ class ReplayLayout:
     obs_sizes: Mapping[str, int]  # {"policy": P, "critic": C}
     action_size: int
     queue_size: int = 8  # commit messages in flight; bounds how far collectors run ahead of the stager
+    relay_depth: int = 0  # commit messages a relay between collectors and that queue may also hold (a cluster's)
 
     def __post_init__(self):
         object.__setattr__(self, "obs_sizes", dict(self.obs_sizes))
@@ -81,8 +82,9 @@ class ReplayLayout:
     @property
     def guard_rows(self) -> int:
         # Rows a collector may have written beyond its last commit the stager has read: every
-        # queued message could be its own, plus one blocked in put(), plus the one being written.
-        return self.queue_size + 2
+        # queued message could be its own, plus one blocked in put(), plus the one being written,
+        # plus those a relay holds.
+        return self.queue_size + 2 + self.relay_depth
 
     @property
     def capacity(self) -> int:
@@ -150,6 +152,17 @@ class ReplayBuffer(SharedRegion):
         for name, values in transition.items():
             self.arrays[name][row, envs] = values
 
+    def end_episodes(self, collector: int, step: int) -> None:
+        """A collector that starts over at `step` with fresh episodes (a resumed run, a replaced
+        collector) marks the episodes of its step `step - 1` truncated where they did not
+        terminate, so that no n-step return runs on into the new ones. Safe while the stager
+        samples: it reaches step `step` only after that step's commit, which comes later."""
+        if step < 1:
+            return
+        row, envs = (step - 1) % self.layout.rows, self.columns(collector)
+        alive = self.arrays["terminated"][row, envs] == 0
+        self.arrays["truncated"][row, envs] = np.where(alive, 1.0, self.arrays["truncated"][row, envs])
+
     def commit(self, meta: dict, stop=None) -> bool:
         """Tell the stager that `meta["collector"]` has written `meta["steps"]` steps in total.
         Blocks while the queue is full; returns False if `stop` was set meanwhile."""
@@ -197,9 +210,8 @@ class ReplayBuffer(SharedRegion):
                 np.save(out / f"{name}.npy", array[rows, self.columns(collector)])
 
     def load(self, directory: Path, steps: np.ndarray) -> None:
-        """Refill from `save`'s files (memory-mapped, so nothing is read twice). The last step of
-        each env is marked truncated: the collectors start new episodes, and an n-step return
-        must not run on into them."""
+        """Refill from `save`'s files (memory-mapped, so nothing is read twice). The collectors
+        then start new episodes and mark the last step's episodes ended (`end_episodes`)."""
         for collector, committed in enumerate(steps.tolist()):
             first, end = self.window(committed)
             rows = np.arange(first, end) % self.layout.rows
@@ -212,11 +224,6 @@ class ReplayBuffer(SharedRegion):
                 if saved.shape != (end - first, self.layout.envs_per_collector, *array.shape[2:]):
                     raise UserError(f"replay snapshot {path} has shape {saved.shape}, which does not fit this run's buffer")
                 array[rows, self.columns(collector)] = saved
-            if end > first:
-                last = (end - 1) % self.layout.rows
-                envs = self.columns(collector)
-                alive = self.arrays["terminated"][last, envs] == 0
-                self.arrays["truncated"][last, envs] = np.where(alive, 1.0, self.arrays["truncated"][last, envs])
 
 
 def sample(replay: ReplayBuffer, steps: np.ndarray, rng: np.random.Generator, gamma: float, n_step: int,

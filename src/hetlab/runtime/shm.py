@@ -194,6 +194,17 @@ class SharedRegion:
     def is_creator(self) -> bool:
         return self._creator
 
+    def by_name(self):
+        """The same region for a process the learner did not spawn (a worker of a cluster): it
+        pickles anywhere, by the segment's name, and its queues are left out (None), since
+        they can only be inherited by spawned processes; whoever hands it over carries the
+        messages the queues would."""
+        handle = object.__new__(type(self))
+        handle.__setstate__({"name": self.name, **{
+            key: None if isinstance(getattr(self, key), multiprocessing.queues.Queue) else getattr(self, key)
+            for key in self._shared}})
+        return handle
+
     def attach(self) -> None:
         """Map the segment in this process (a no-op in the creator, or when already attached)."""
         if self._segment is None and not self._closed:

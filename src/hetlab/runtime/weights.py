@@ -89,8 +89,21 @@ class WeightBroadcast(SharedRegion):
         their version. Before the first publish it returns UNPUBLISHED and leaves `into` alone.
         Retries while the learner is mid-write; TimeoutError if no consistent copy within `timeout`.
         """
-        self._require_attached()
         self._check_names(into)
+        version = self._copy_consistent(timeout)
+        if version != UNPUBLISHED:
+            unflatten(self.entries, self._float_copy, self._int_copy, into)
+        return version
+
+    def snapshot(self, timeout: float | None = None) -> tuple[int, np.ndarray, np.ndarray]:
+        """(version, float region, int region): a consistent copy of the flat weights, as a relay
+        to collectors elsewhere ships them (`unflatten` turns them back into a state_dict)."""
+        version = self._copy_consistent(timeout)
+        return version, self._float_copy.copy(), self._int_copy.copy()
+
+    def _copy_consistent(self, timeout: float | None) -> int:
+        """Fill the private copies with one consistent version of the data; return that version."""
+        self._require_attached()
         deadline = None if timeout is None else time.monotonic() + timeout
         attempt = 0
         while True:
@@ -104,16 +117,11 @@ class WeightBroadcast(SharedRegion):
                 self._int_copy[...] = self._ints
                 if (int(self._sequence[()]) == sequence
                         and _checksum(version, self._float_copy, self._int_copy) == crc):
-                    break
+                    return version
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"no consistent copy of the weights within {timeout} s")
             attempt += 1
             time.sleep(0 if attempt < 100 else 1e-4)  # a publish takes about a millisecond
-        for entry in self.entries:
-            region = self._int_copy if entry.exact else self._float_copy
-            values = torch.from_numpy(region[entry.start:entry.start + entry.numel]).view(entry.shape)
-            into[entry.name].copy_(values)
-        return version
 
     @property
     def _int_offset(self) -> int:
@@ -148,6 +156,13 @@ class WeightBroadcast(SharedRegion):
         if not parts:
             return np.empty(0, np.int64 if exact else np.float32)
         return torch.cat(parts).cpu().numpy()
+
+
+def unflatten(entries: list[Entry], floats: np.ndarray, ints: np.ndarray, into: Mapping[str, torch.Tensor]) -> None:
+    """Copy flat weight regions (a broadcast's layout, `entries`) into the tensors of `into`."""
+    for entry in entries:
+        region = ints if entry.exact else floats
+        into[entry.name].copy_(torch.from_numpy(region[entry.start:entry.start + entry.numel]).view(entry.shape))
 
 
 def _checksum(version: int, floats: np.ndarray, ints: np.ndarray) -> int:
