@@ -51,12 +51,13 @@ def _print_json(payload: dict | list) -> None:
 class InfoConfig:
     device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
     threads: int = 0  # physics threads to budget for; 0 = every core
+    ray: str | None = None  # also show a Ray cluster's nodes and resources: local, auto or host:port
     json: bool = False
 
 
 @app.command(name="info")
 def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> None:
-    """Learner device and its capabilities, CPU thread budget, versions and installed extras."""
+    """Learner device and its capabilities, CPU thread budget, versions, installed extras and (--ray) a Ray cluster."""
     device = pick_device(cfg.device)
     budget = thread_budget(device, cfg.threads)
     report = {
@@ -79,6 +80,14 @@ def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> N
         "extras": installed_extras(),
         "device_choices": list(DEVICE_CHOICES),
     }
+    if cfg.ray is not None:
+        from hetlab.runtime.ray.cluster import RayCluster  # the `ray` extra: imported only when asked for
+
+        cluster = RayCluster(cfg.ray)
+        try:
+            report["ray_nodes"] = cluster.nodes()
+        finally:
+            cluster.close()
     if cfg.json:
         _print_json(report)
         return
@@ -90,6 +99,14 @@ def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> N
     table.add_row("versions", ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
     table.add_row("extras", ", ".join(f"{k} {'installed' if ok else 'missing'}" for k, ok in report["extras"].items()))
     console.print(table)
+    if "ray_nodes" in report:
+        nodes = Table(title=f"Ray cluster at {cfg.ray}")
+        for column in ("node", "address", "CPUs", "GPUs", "memory (GiB)", "learner"):
+            nodes.add_column(column)
+        for node in report["ray_nodes"]:
+            nodes.add_row(node["node"][:12], node["address"], f"{node['cpus']:g}", f"{node['gpus']:g}",
+                          f"{node['memory_gib']:g}", "here" if node["learner"] else "")
+        console.print(nodes)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import tyro
 from hetlab.algos import ALGOS
 from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
+from hetlab.runtime.ray import RELAY_DEPTH
 from hetlab.runtime.replay import ReplayLayout
 from hetlab.run_config import read_rl_run_config
 from hetlab.runtime.rollout_ring import RolloutLayout
@@ -36,6 +37,15 @@ class OffPolicyConfig:
     lead: int = 4  # env steps a collector may run ahead of the update-to-data ratio
     weight_sync_every: int = 0  # updates between weight publishes; 0: the updates of one env step
     save_replay: bool = False  # checkpoints include the replay buffer, so a resumed run does not start empty
+
+
+@dataclass(frozen=True)
+class RayPoolConfig:
+    """The collector actors of --ray."""
+
+    collectors: int = 0  # collector actors, one CPU each; 0: --collectors
+    envs_per_collector: int = 0  # 0: --envs split over the collectors
+    max_restarts: int = 3  # lost collectors replaced in all; once they are used up the run stops with a checkpoint
 
 
 AlgoConfigs = dataclasses.make_dataclass(
@@ -71,6 +81,10 @@ class TrainConfig:
     runs_dir: str = "runs"
     resume: str | None = None  # a run directory to continue; its saved config is used
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    # Collectors as actors of a Ray cluster (the `ray` extra): local (one started here), auto (the
+    # cluster `ray start` made this machine part of) or its address host:port. The learner stays here.
+    ray: str | None = None
+    ray_pool: Annotated[RayPoolConfig, tyro.conf.arg(name="ray")] = field(default_factory=RayPoolConfig)
     # No prefix of its own: the options stay --ppo.*, --sac.*, ...
     algos: Annotated[AlgoConfigs, tyro.conf.arg(name="")] = field(default_factory=AlgoConfigs)
 
@@ -93,6 +107,8 @@ class TrainConfig:
         return "async" if self.is_off_policy else self.algorithm.default_mode
 
     def resolved_inference(self, device: LearnerDevice) -> str:
+        if self.ray is not None:  # collectors elsewhere cannot reach the learner's inference ring
+            return "collector"
         if self.off_policy.inference != "auto":
             return self.off_policy.inference
         return "learner" if device.is_accelerator else "collector"
@@ -124,7 +140,33 @@ class TrainConfig:
     def replay_layout(self) -> ReplayLayout:
         task = task_class(self.task)
         return ReplayLayout(self.off_policy.replay_capacity // self.envs, self.collectors, self.envs_per_collector,
-                            dict(task.obs_sizes), task.action_size)
+                            dict(task.obs_sizes), task.action_size, relay_depth=RELAY_DEPTH if self.ray else 0)
+
+
+def with_option(config, path: tuple[str, ...], value):
+    """`config` (a frozen dataclass) with the option at `path` (field names, outermost first) set to `value`."""
+    name, *rest = path
+    return dataclasses.replace(config, **{name: with_option(getattr(config, name), tuple(rest), value) if rest else value})
+
+
+def with_ray_pool_sizes(cfg: TrainConfig, given: TrainConfig) -> TrainConfig:
+    """`cfg` with the collector count and envs that --ray.collectors and --ray.envs-per-collector
+    ask for; UserError if they are given without --ray or disagree with --collectors / --envs
+    (as given on the command line, `given`)."""
+    sizes = cfg.ray_pool
+    if given.ray is None and given.ray_pool != RayPoolConfig():
+        raise UserError("--ray.* options need --ray (local, auto or a cluster address)")
+    if cfg.ray is None:  # a local run, or a Ray run resumed locally with the sizes it has
+        return cfg
+    if sizes.collectors < 0 or sizes.envs_per_collector < 0 or sizes.max_restarts < 0:
+        raise UserError("--ray.collectors, --ray.envs-per-collector and --ray.max-restarts must be ≥ 0")
+    collectors = sizes.collectors or cfg.collectors
+    if sizes.collectors and given.collectors not in (TrainConfig.collectors, collectors):
+        raise UserError(f"--collectors {given.collectors} and --ray.collectors {collectors} disagree; give one")
+    envs = collectors * sizes.envs_per_collector if sizes.envs_per_collector else cfg.envs
+    if sizes.envs_per_collector and given.envs not in (TrainConfig.envs, envs):
+        raise UserError(f"--envs {given.envs} disagrees with --ray.collectors × --ray.envs-per-collector = {envs}; give one")
+    return dataclasses.replace(cfg, collectors=collectors, envs=envs)
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -159,6 +201,9 @@ def _validate_off_policy(cfg: TrainConfig) -> None:
     if cfg.off_policy.lead < least_lead:
         raise UserError(f"--off-policy.lead {cfg.off_policy.lead} is too short for {algo.updates_per_step} updates "
                         f"per step; use at least {least_lead}")
+    if cfg.ray is not None and cfg.off_policy.inference == "learner":
+        raise UserError("--off-policy.inference learner serves collectors on the learner's machine only; with --ray "
+                        "each collector runs its own copy of the policy: use collector or auto")
     if cfg.off_policy.weight_sync_every < 0:
         raise UserError("--off-policy.weight-sync-every must be ≥ 0")
     layout = cfg.replay_layout()
@@ -178,6 +223,7 @@ def load_run_config(run_dir: Path) -> TrainConfig:
         # Runs from before an algorithm existed lack its section.
         data["algos"] = AlgoConfigs(**{name: ALGOS[name].Config(**options) for name, options in saved.items()})
         data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
+        data["ray_pool"] = RayPoolConfig(**data.get("ray_pool", {}))  # runs from before Ray lack it
         return TrainConfig(**data)
     except (TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{run_dir / 'config.json'} does not hold the options of `hetlab train` ({e}); "

@@ -21,7 +21,7 @@ import dataclasses
 
 from hetlab.algos import ALGOS
 from hetlab.devices import LearnerDevice
-from hetlab.train.config import TrainConfig
+from hetlab.train.config import TrainConfig, with_option
 
 
 def scale_defaults(cfg: TrainConfig, device: LearnerDevice) -> tuple[TrainConfig, dict[str, object]]:
@@ -34,7 +34,7 @@ def scale_defaults(cfg: TrainConfig, device: LearnerDevice) -> tuple[TrainConfig
     for option, value in cfg.algorithm.cpu_defaults.items():
         path = _path(option, cfg.algo)
         if _get(cfg, path) == _get(default, path) != value:
-            cfg = _replace(cfg, path, value)
+            cfg = with_option(cfg, path, value)
             scaled[option] = value
     return cfg, scaled
 
@@ -62,11 +62,6 @@ def _get(config, path: tuple[str, ...]):
             raise ValueError(f"cpu_defaults names {'.'.join(path)!r}, which is not a `hetlab train` option")
         config = getattr(config, name)
     return config
-
-
-def _replace(config, path: tuple[str, ...], value):
-    name, *rest = path
-    return dataclasses.replace(config, **{name: _replace(getattr(config, name), rest, value) if rest else value})
 
 
 def _cli_value(value) -> str:

@@ -19,46 +19,70 @@ from hetlab.checkpoint import load_checkpoint
 from hetlab.devices import apply_thread_budget, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
-from hetlab.train.config import TrainConfig, load_run_config, validate
+from hetlab.runtime.pool import CollectorPool, ProcessPool
+from hetlab.train.config import TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
 
 # What a resumed run takes from the command line: its budgets and where it runs. Everything
 # else is the run's own; a command line that asks for another value is refused.
-RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "resume")
+RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "resume", "ray",
+                     "ray_pool.max_restarts")
 
 
 def train(cfg: TrainConfig) -> Path:
     """Run training; returns the run directory."""
-    resume_state = None
+    resume_state, given = None, cfg
     if cfg.resume:
         run_dir = Path(cfg.resume)
         resume_state = load_checkpoint(run_dir)
-        cfg = resumed_config(load_run_config(run_dir), cfg)
+        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(cfg, given))
     device = pick_device(cfg.device)
     # A resumed run keeps its saved values, resolved for the device it started on.
     cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})
+    cfg = with_ray_pool_sizes(cfg, given)  # explicit sizes win over the scaled defaults
     validate(cfg)
     if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
         done = resume_state["iteration"]
         raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "
                         "to train it further")
-    if resume_state is None:
-        run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-        run_dir.mkdir(parents=True)
-        write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
-    print(run_dir, flush=True)  # first line: where everything goes
-    if scaled:
-        print(scaled_line(scaled), flush=True)
+    pool = open_pool(cfg)
+    try:
+        if resume_state is None:
+            run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+            run_dir.mkdir(parents=True)
+            write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+        print(run_dir, flush=True)  # first line: where everything goes
+        if scaled:
+            print(scaled_line(scaled), flush=True)
 
-    budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync")
-    apply_thread_budget(budget)
-    physics_threads = max(1, budget.physics // cfg.collectors)
-    algo = cfg.build_algorithm(torch.device(device.torch_device))
-    loop = train_off_policy if cfg.is_off_policy else train_on_policy
-    loop(cfg, run_dir, device, algo, resume_state, physics_threads)
+        budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync")
+        apply_thread_budget(budget)
+        physics_threads = max(1, budget.physics // cfg.collectors)
+        algo = cfg.build_algorithm(torch.device(device.torch_device))
+        loop = train_off_policy if cfg.is_off_policy else train_on_policy
+        loop(cfg, run_dir, device, algo, resume_state, physics_threads, pool)
+    finally:
+        pool.close()
     return run_dir
+
+
+def open_pool(cfg: TrainConfig) -> CollectorPool:
+    """Local collector processes, or (--ray) a connection to the cluster that will run them,
+    checked to have a CPU for each."""
+    if cfg.ray is None:
+        return ProcessPool()
+    from hetlab.runtime.ray.cluster import RayCluster  # the `ray` extra: imported only when asked for
+
+    cluster = RayCluster(cfg.ray)
+    try:
+        cluster.check_capacity(cfg.collectors)
+        from hetlab.runtime.ray.pool import RayPool
+    except BaseException:
+        cluster.close()
+        raise
+    return RayPool(cluster, cfg.ray_pool.max_restarts)
 
 
 def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
@@ -68,7 +92,12 @@ def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
         if option not in RESUMABLE_OPTIONS:
             raise UserError(f"--resume continues {given.resume} with its own options, but --{option.replace('_', '-')} "
                             f"asks for {value!r} where the run has {own!r}; start a new run to change it")
-    return dataclasses.replace(saved, **{name: getattr(given, name) for name in RESUMABLE_OPTIONS})
+    for option in RESUMABLE_OPTIONS:
+        value = given
+        for name in option.split("."):
+            value = getattr(value, name)
+        saved = with_option(saved, tuple(option.split(".")), value)
+    return saved
 
 
 def _changed(given, saved, default, prefix: str):

@@ -15,6 +15,7 @@ buffer goes away (it may include the buffer).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections import deque
@@ -28,7 +29,7 @@ from hetlab.checkpoint import checkpoint_dir, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, run_transition_collector
 from hetlab.runtime.inference_server import InferenceServer
-from hetlab.runtime.pool import CollectorJob, ProcessPool
+from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.replay import ReplayBuffer, ReplayStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
@@ -37,7 +38,7 @@ from hetlab.train.run import RunRecord, console, interrupt_guard, mean
 
 
 def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
-                     physics_threads: int) -> None:
+                     physics_threads: int, pool: CollectorPool) -> None:
     algo_cfg = cfg.algo_config
     task = task_class(cfg.task)
     layout = cfg.replay_layout()
@@ -63,7 +64,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     first_steps, first_updates, first_iteration = 0.0, updates, iteration  # where this session started
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
-            ReplayBuffer(layout) as replay, ExitStack() as resources, ProcessPool() as pool:
+            ReplayBuffer(layout) as replay, ExitStack() as resources, pool:
         timeline = record.timeline
         stager = server = None
         try:
@@ -93,7 +94,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     lead=cfg.off_policy.lead, first_step=int(steps[index]), update_offset=update_offset,
                 )
                 policy = server.client(index) if on_learner else LocalPolicy(actor_copy, weights, spec.seed)
-                jobs.append(CollectorJob(run_transition_collector, (spec, policy, replay)))
+                jobs.append(CollectorJob(run_transition_collector, (spec, policy, replay),
+                                         replace=lambda last, attempt, spec=spec, policy=policy:
+                                         (_replacement(spec, last, attempt), policy, replay)))
             pool.start(jobs)
             stager = ReplayStager(
                 replay, device, batch_size=algo_cfg.batch_size, gamma=algo_cfg.gamma, n_step=algo_cfg.n_step,
@@ -113,9 +116,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 with learner.span("wait_data"):
                     staged = pool.next_staged(stager, interrupted,
                                               check=server.raise_if_failed if server is not None else None)
-                if interrupted.is_set():
-                    stopped_by = "interrupted"
-                    console.print("[yellow]interrupted: stopping after a final checkpoint[/]")
+                if staged is None:
+                    stopped_by = "interrupted" if interrupted.is_set() else pool.ended_by
+                    console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
                     break
                 batch, new_metas, transfer = staged
                 if not warm:
@@ -163,6 +166,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
                                                    for i in range(cfg.collectors)]),
                     **{f"loss/{k}": v for k, v in metrics.items()},
+                    **pool.metrics(),
                 }, {name: mean([t[name] for t in terms]) for name in terms[0]} if terms else {})
                 metas = []
                 iteration += 1
@@ -179,6 +183,14 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     rows = record.session_rows
     session_steps = round(rows[-1]["env_steps"] - first_steps * layout.envs) if rows else 0
     record.finish(wall, stopped_by, session_steps)
+
+
+def _replacement(spec: TransitionCollectorSpec, last: dict | None, attempt: int) -> TransitionCollectorSpec:
+    """A collector that takes over from a lost one: its rows go on from the last step it
+    committed, with fresh episodes from a seed of its own."""
+    seed = spec.seed + 104_729 * attempt
+    return dataclasses.replace(spec, seed=seed, task_options={**spec.task_options, "seed": seed},
+                               first_step=spec.first_step if last is None else last["steps"])
 
 
 def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: int, algo, replay: ReplayBuffer,

@@ -12,6 +12,7 @@ a run that was not failed writes its summary, trace and plots.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections import deque
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from hetlab.checkpoint import save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, run_collector
-from hetlab.runtime.pool import CollectorJob, ProcessPool
+from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
@@ -28,7 +29,7 @@ from hetlab.train.run import RunRecord, console, interrupt_guard, mean
 
 
 def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
-                    physics_threads: int) -> None:
+                    physics_threads: int, pool: CollectorPool) -> None:
     sync = cfg.resolved_mode == "sync"
     iteration = 0
     if resume_state is not None:
@@ -42,19 +43,24 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
-            WeightBroadcast(algo.actor.state_dict()) as weights, ProcessPool() as pool:
+            WeightBroadcast(algo.actor.state_dict()) as weights, pool:
         timeline = record.timeline
         stager = None
         try:
             weights.publish(algo.actor.state_dict(), version=iteration)
             actor_copy = copy.deepcopy(algo.actor).cpu()
-            pool.start([CollectorJob(run_collector, (CollectorSpec(
-                index=index, task=cfg.task,
-                task_options={"num_envs": cfg.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
-                              "seed": cfg.seed * 1000 + index},
-                horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
-                seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
-            ), actor_copy, ring, weights)) for index in range(cfg.collectors)])
+            jobs = []
+            for index in range(cfg.collectors):
+                spec = CollectorSpec(
+                    index=index, task=cfg.task,
+                    task_options={"num_envs": cfg.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
+                                  "seed": cfg.seed * 1000 + index},
+                    horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
+                    seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
+                )
+                jobs.append(CollectorJob(run_collector, (spec, actor_copy, ring, weights),
+                                         replace=lambda _, attempt, spec=spec: (_replacement(spec, attempt), actor_copy, ring, weights)))
+            pool.start(jobs)
             stager = DeviceStager(ring, cfg.collectors, device)
             stager.start()
             learner = SpanRecorder()
@@ -64,9 +70,9 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     break
                 with learner.span("wait_data"):
                     staged = pool.next_staged(stager, interrupted)
-                if interrupted.is_set():
-                    stopped_by = "interrupted"
-                    console.print("[yellow]interrupted: stopping after a final checkpoint[/]")
+                if staged is None:
+                    stopped_by = "interrupted" if interrupted.is_set() else pool.ended_by
+                    console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
                     break
                 batch, metas = staged
                 if sync and any(meta["version"] != iteration for meta in metas):
@@ -97,6 +103,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
                                                    for i in range(cfg.collectors)]),
                     **{f"loss/{k}": v for k, v in metrics.items()},
+                    **pool.metrics(),
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
                 iteration += 1
                 if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
@@ -109,6 +116,12 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
         _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
+
+
+def _replacement(spec: CollectorSpec, attempt: int) -> CollectorSpec:
+    """A collector that takes over from a lost one: fresh episodes from a seed of its own."""
+    seed = spec.seed + 104_729 * attempt
+    return dataclasses.replace(spec, seed=seed, task_options={**spec.task_options, "seed": seed}, resume_state=None)
 
 
 def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool) -> None:
