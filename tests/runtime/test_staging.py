@@ -148,3 +148,20 @@ def test_batches_reach_the_accelerator_intact(ring):
                 assert np.array_equal(tensor.cpu().numpy(), whole), name
     finally:
         stager.stop()
+
+
+def test_by_collector_each_collector_has_its_place_in_the_batch_whatever_the_arrival_order(ring):
+    stager = DeviceStager(ring, 2, pick_device("cpu"), by_collector=True)
+    stager.start()
+    try:
+        for collector, rollout in ((1, 7), (0, 3)):  # collector 1 finishes first
+            slot = ring.acquire(timeout=5)
+            for name, array in ring.views(slot).items():
+                array[...] = expected(name, rollout)
+            ring.commit(slot, {"collector": collector, "rollout": rollout})
+        batch, metas = stager.next(timeout=30)
+    finally:
+        stager.stop()
+    assert [meta["rollout"] for meta in metas] == [7, 3]  # messages in arrival order
+    assert batch["policy_version"].tolist() == [3] * LAYOUT.num_envs + [7] * LAYOUT.num_envs
+    assert np.array_equal(batch["actions"].numpy(), np.concatenate([expected("actions", 3), expected("actions", 7)], axis=1))

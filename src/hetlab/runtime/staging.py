@@ -8,7 +8,9 @@ ahead of the learner with it; `DeviceStager` fills it from the rollout ring (on-
 DeviceStager: a background thread takes `slots_per_batch` full slots, copies each into one
 of the host buffers along the env axis, releases each slot as soon as it is copied out, then
 copies the batch to the device and hands it over through a queue of depth 1. The copy of
-batch N+1 so overlaps the update on batch N.
+batch N+1 so overlaps the update on batch N. With `by_collector` (sync mode: one slot from each
+collector per batch) collector c's envs go to the c-th place of the batch whatever order the
+slots arrive in, so a batch does not depend on which collector finished first.
 
 Three device paths, chosen by what the device can do:
 - async_copy (CUDA, ROCm, XPU): the host → device copy runs on a side stream; the learner's
@@ -156,10 +158,10 @@ class DeviceStager(BackgroundStager):
     and the slots' messages in batch order; each message gets `transfer_spans`:
     [("transfer", t0, t1), ...], the stager's busy time on that slot."""
 
-    def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice):
+    def __init__(self, ring: RolloutRing, slots_per_batch: int, device: LearnerDevice, by_collector: bool = False):
         if slots_per_batch < 1:
             raise ValueError(f"a batch needs at least one slot, got {slots_per_batch}")
-        self._ring, self._slots = ring, slots_per_batch
+        self._ring, self._slots, self._by_collector = ring, slots_per_batch, by_collector
         super().__init__(HostToDevice(self._batch_shapes(slots_per_batch * ring.layout.num_envs), device))
 
     def _batch_shapes(self, num_envs: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -181,7 +183,8 @@ class DeviceStager(BackgroundStager):
                 taken = self._ring.take(timeout=POLL_S)
             slot, meta = taken
             t0 = time.perf_counter()
-            envs_of_slot = slice(i * envs, (i + 1) * envs)
+            place = meta["collector"] if self._by_collector else i
+            envs_of_slot = slice(place * envs, (place + 1) * envs)
             for name, values in self._ring.views(slot).items():
                 if name == "policy_version":
                     host[name][envs_of_slot] = values

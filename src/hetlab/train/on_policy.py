@@ -61,7 +61,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 jobs.append(CollectorJob(run_collector, (spec, actor_copy, ring, weights),
                                          replace=lambda _, attempt, spec=spec: (_replacement(spec, attempt), actor_copy, ring, weights)))
             pool.start(jobs)
-            stager = DeviceStager(ring, cfg.collectors, device)
+            stager = DeviceStager(ring, cfg.collectors, device, by_collector=sync)
             stager.start()
             learner = SpanRecorder()
             while iteration < cfg.max_iterations:
