@@ -167,3 +167,19 @@ def tiny_aloha_dataset(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_aloha") / "aloha"
     record(RecordConfig(out=out, successful_only=False, workers=1, **TINY_ALOHA))
     return out
+
+
+@pytest.fixture
+def assert_same_weights():
+    """Check that two RL runs ended with the same actor and critic weights, bit for bit, at `iteration`."""
+
+    def check(run_a: Path, run_b: Path, iteration: int) -> None:
+        from safetensors.torch import load_file
+
+        a, b = (load_file(run / "checkpoints" / f"{iteration:07d}" / "tensors.safetensors") for run in (run_a, run_b))
+        weights = [key for key in a if "/actor/" in key or "/critic/" in key]
+        assert weights and a.keys() == b.keys()
+        for key in weights:
+            assert (a[key] == b[key]).all(), key
+
+    return check

@@ -77,18 +77,13 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert any((run_dir / "tensorboard").iterdir())
 
 
-def test_sync_resume_is_exact(tmp_path):
+def test_sync_resume_is_exact(tmp_path, assert_same_weights):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--checkpoint-every", "3", *SMALL_NETS]
     straight, _ = train(tmp_path / "a", *common, "--max-iterations", "6")
     interrupted, _ = train(tmp_path / "b", *common, "--max-iterations", "3")
     resumed, _ = train(tmp_path / "b", "--resume", str(interrupted), "--max-iterations", "6")
     assert resumed == interrupted
-    a = load_file(straight / "checkpoints" / "0000006" / "tensors.safetensors")
-    b = load_file(resumed / "checkpoints" / "0000006" / "tensors.safetensors")
-    weights = [key for key in a if "/actor/" in key or "/critic/" in key]
-    assert weights and a.keys() == b.keys()
-    for key in weights:
-        assert (a[key] == b[key]).all(), key
+    assert_same_weights(straight, resumed, 6)
     # The record spans both sessions: nothing the first one wrote is lost.
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["iterations"] == 6 and summary["env_steps"] == 6 * 16 * 8

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 from hetlab.errors import UserError
 from hetlab.train.config import TrainConfig
@@ -94,7 +93,7 @@ def test_sac_learns_cartpole_with_collectors_on_two_nodes(tmp_path, cluster):
     both_paths_taken(stderr, run_dir)
 
 
-def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster):
+def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster, assert_same_weights):
     """A run stopped at iteration 3 and resumed to 6 on the cluster ends with the weights of one
     run straight to 6: the remote collector's task state comes back with its commits too."""
     common = ["--ray", cluster, *SMALL_PPO, "--envs", "16", "--collectors", "2", "--horizon", "8",
@@ -103,12 +102,7 @@ def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster):
     interrupted, _, _ = finished(hetlab_train(tmp_path / "b", *common, "--max-iterations", "3"))
     resumed, _, _ = finished(hetlab_train(tmp_path / "b", "--resume", str(interrupted), "--ray", cluster,
                                           "--max-iterations", "6"))
-    a = load_file(straight / "checkpoints" / "0000006" / "tensors.safetensors")
-    b = load_file(resumed / "checkpoints" / "0000006" / "tensors.safetensors")
-    weights = [key for key in a if "/actor/" in key or "/critic/" in key]
-    assert weights and a.keys() == b.keys()
-    for key in weights:
-        assert (a[key] == b[key]).all(), key
+    assert_same_weights(straight, resumed, 6)
 
 
 def kill_a_collector_after(learner: subprocess.Popen, iterations: int) -> tuple[Path, float]:

@@ -48,7 +48,7 @@ import torch
 
 from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
-from hetlab.runtime import POLL_S
+from hetlab.runtime import POLL_S, put_unless_stopped
 from hetlab.runtime.shm import ALIGN, Field, SharedRegion, ShmRequirement, array_view, lay_out
 from hetlab.runtime.staging import BackgroundStager, HostToDevice
 
@@ -166,13 +166,7 @@ class ReplayBuffer(SharedRegion):
     def commit(self, meta: dict, stop=None) -> bool:
         """Tell the stager that `meta["collector"]` has written `meta["steps"]` steps in total.
         Blocks while the queue is full; returns False if `stop` was set meanwhile."""
-        while True:
-            try:
-                self._commits.put(meta, timeout=POLL_S)
-                return True
-            except queue.Full:
-                if stop is not None and stop.is_set():
-                    return False
+        return put_unless_stopped(self._commits, meta, stop)
 
     @property
     def learner_updates(self) -> int:

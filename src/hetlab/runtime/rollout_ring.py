@@ -26,7 +26,6 @@ After a step that ended an episode, the next observation row already starts the 
 from __future__ import annotations
 
 import multiprocessing
-import queue
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +33,7 @@ from functools import cached_property
 import numpy as np
 
 from hetlab.errors import UserError
+from hetlab.runtime import get_or_none
 from hetlab.runtime.shm import Field, SharedRegion, ShmRequirement, array_view, lay_out
 
 
@@ -112,10 +112,7 @@ class RolloutRing(SharedRegion):
 
     def acquire(self, timeout: float | None = None) -> int | None:
         """A free slot to write into, or None if none came free within `timeout` seconds."""
-        try:
-            return self._free.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        return get_or_none(self._free, timeout)
 
     def commit(self, slot: int, meta: dict) -> None:
         """Hand a written slot to the learner with a small picklable message."""
@@ -123,10 +120,7 @@ class RolloutRing(SharedRegion):
 
     def take(self, timeout: float | None = None) -> tuple[int, dict] | None:
         """The next full slot and its message, in commit order, or None after `timeout` seconds."""
-        try:
-            return self._full.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        return get_or_none(self._full, timeout)
 
     def release(self, slot: int) -> None:
         """Give a slot back to the collectors; its contents may be overwritten from now on."""

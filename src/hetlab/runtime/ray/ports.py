@@ -28,7 +28,7 @@ import numpy as np
 import ray
 import torch
 
-from hetlab.runtime import POLL_S
+from hetlab.runtime import POLL_S, get_or_none, put_unless_stopped
 from hetlab.runtime.ray import RELAY_BATCH
 from hetlab.runtime.replay import ReplayBuffer
 from hetlab.runtime.rollout_ring import RolloutRing
@@ -55,37 +55,42 @@ def make_port(kind: str, region, local: bool):
     return region if local else WeightsPort(region)
 
 
+class _Port:
+    """A port over a region: on the learner's node it maps the learner's segment (`_region`),
+    elsewhere `_region` is None and the port keeps what it needs itself."""
+
+    def __init__(self, region, local: bool):
+        self._region = region if local else None
+
+    def attach(self) -> None:
+        if self._region is not None:
+            self._region.attach()
+
+    def close(self) -> None:
+        if self._region is not None:
+            self._region.close()
+
+
 # ------------------------------------------------------------------------------------ ring --
-class RingPort:
+class RingPort(_Port):
     """A RolloutRing for a collector on a Ray worker (see the module docstring)."""
 
     def __init__(self, ring: RolloutRing, local: bool):
+        super().__init__(ring, local)
         self.layout, self.num_slots = ring.layout, ring.num_slots
-        self._ring = ring if local else None
         self._arrays: dict[int, dict[str, np.ndarray]] = {}  # elsewhere: each slot's arrays, made on first use
         self._free: queue.Queue[int] = queue.Queue()
         self._full: queue.Queue[tuple[int, dict]] = queue.Queue()
 
-    def attach(self) -> None:
-        if self._ring is not None:
-            self._ring.attach()
-
-    def close(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-
     def acquire(self, timeout: float | None = None) -> int | None:
-        try:
-            return self._free.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        return get_or_none(self._free, timeout)
 
     def commit(self, slot: int, meta: dict) -> None:
         self._full.put((slot, meta))
 
     def views(self, slot: int) -> dict[str, np.ndarray]:
-        if self._ring is not None:
-            return self._ring.views(slot)
+        if self._region is not None:
+            return self._region.views(slot)
         if slot not in self._arrays:
             self._arrays[slot] = {name: np.zeros(f.shape, f.dtype) for name, f in self.layout.fields.items()}
         return self._arrays[slot]
@@ -104,7 +109,7 @@ class RingPort:
                 taken.append(self._full.get_nowait())
         except queue.Empty:
             pass
-        return [(slot, meta, None if self._ring is not None else self._arrays[slot]) for slot, meta in taken]
+        return [(slot, meta, None if self._region is not None else self._arrays[slot]) for slot, meta in taken]
 
 
 class Relay:
@@ -191,49 +196,37 @@ class RingRelay(Relay):
 
 
 # ---------------------------------------------------------------------------------- replay --
-class ReplayPort:
+class ReplayPort(_Port):
     """A ReplayBuffer for a collector on a Ray worker (see the module docstring)."""
 
     def __init__(self, replay: ReplayBuffer, local: bool):
+        super().__init__(replay, local)
         self.layout = replay.layout
-        self._replay = replay if local else None
         self._messages: queue.Queue[tuple[list, dict]] = queue.Queue(maxsize=RELAY_BATCH)
         self._writes: list[tuple] = []  # elsewhere: what the learner must write before the next commit
         self._updates = 0  # elsewhere: the learner's update count, as last pushed
 
-    def attach(self) -> None:
-        if self._replay is not None:
-            self._replay.attach()
-
-    def close(self) -> None:
-        if self._replay is not None:
-            self._replay.close()
-
     def write(self, collector: int, step: int, transition: dict[str, np.ndarray]) -> None:
-        if self._replay is not None:
-            self._replay.write(collector, step, transition)
+        if self._region is not None:
+            self._region.write(collector, step, transition)
         else:
             self._writes.append(("write", collector, step, {name: np.array(v, np.float32) for name, v in transition.items()}))
 
     def end_episodes(self, collector: int, step: int) -> None:
-        if self._replay is not None:
-            self._replay.end_episodes(collector, step)
+        if self._region is not None:
+            self._region.end_episodes(collector, step)
         else:
             self._writes.append(("end_episodes", collector, step))
 
     def commit(self, meta: dict, stop=None) -> bool:
-        while True:
-            try:
-                self._messages.put((self._writes, meta), timeout=POLL_S)
-                self._writes = []
-                return True
-            except queue.Full:
-                if stop is not None and stop.is_set():
-                    return False
+        if not put_unless_stopped(self._messages, (self._writes, meta), stop):
+            return False
+        self._writes = []
+        return True
 
     @property
     def learner_updates(self) -> int:
-        return self._replay.learner_updates if self._replay is not None else self._updates
+        return self._region.learner_updates if self._region is not None else self._updates
 
     # The relay's and pusher's side, called through the actor.
     def set_learner_updates(self, updates: int) -> None:
