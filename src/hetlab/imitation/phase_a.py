@@ -228,7 +228,11 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         torch.set_num_threads(max(1, cpu_count() - cfg.loader_workers))
     dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk)
     torch.manual_seed(cfg.seed)
-    model = build_model(preset.model, dataset, cfg.imagenet_weights)
+    if state is not None:
+        model_cfg = ARActorConfig(**saved["model"])  # the run's own model, its batch norm included
+    else:  # frozen batch norm keeps ImageNet's statistics; from scratch it must learn its own (policies/resnet.py)
+        model_cfg = dataclasses.replace(preset.model, backbone_norm="frozen" if cfg.imagenet_weights else "batch")
+    model = build_model(model_cfg, dataset, cfg.imagenet_weights)
     optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, weight_decay=cfg.weight_decay)
     step = 0
     if state is not None:
@@ -241,7 +245,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     else:
         run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir.mkdir(parents=True)
-        config = {"kind": RUN_KIND, "phase": "A", "model": dataclasses.asdict(preset.model),
+        config = {"kind": RUN_KIND, "phase": "A", "model": dataclasses.asdict(model_cfg),
                   "image_size": [preset.height, preset.width],
                   "phase_a": {**json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "steps": preset.steps}}
         write_text_atomic(run_dir / "config.json", json.dumps(config, indent=2))

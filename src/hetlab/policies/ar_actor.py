@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,9 @@ class ARActorConfig:
     # Decoder layers; sized so the default model has the study's ≈51.5 M parameters.
     expert_feedforward: int = 3472
     backbone_width: int = 64  # ResNet18's first-stage channels (64 = torchvision's)
+    # The backbone's batch norm: "frozen" with ImageNet weights, "batch" (trained) from scratch;
+    # see hetlab.policies.resnet. Phase A picks it; runs from before it existed were "frozen".
+    backbone_norm: Literal["frozen", "batch"] = "frozen"
     state_dim: int = 14
     action_dim: int = 14
     chunk: int = 100  # actions predicted per query
@@ -111,7 +115,7 @@ class VisualEncoder(nn.Module):
     def __init__(self, cfg: ARActorConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = ResNet18(cfg.backbone_width)
+        self.backbone = ResNet18(cfg.backbone_width, cfg.backbone_norm)
         self.image_projection = nn.Conv2d(self.backbone.out_channels, cfg.d_model, 1)
         self.state_projection = nn.Linear(cfg.state_dim, cfg.d_model)
         self.state_position = nn.Parameter(torch.zeros(cfg.d_model))
