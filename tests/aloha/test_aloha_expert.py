@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
+from hetlab.aloha.env import ARM_JOINTS, EPISODE_STEPS, AlohaTransferCube
 from hetlab.aloha.expert import rollout_expert, run_expert
 from hetlab.cli import main
 
@@ -23,6 +23,19 @@ def episode():
 def test_expert_succeeds_with_the_cube_anywhere():
     result = run_expert(CORNER_SEEDS)
     assert result == {"episodes": 4, "successes": 4, "success_rate": 1.0, "failed_seeds": []}
+
+
+@pytest.mark.parametrize("seed", CORNER_SEEDS)
+def test_one_wrist_solution_wherever_the_cube_is(seed):
+    # Each wrist pose has a flipped twin (forearm_roll and wrist_rotate ±π away, wrist_angle
+    # negated); demonstrations that mix the two have two modes. Both arms must keep the unflipped
+    # forearm and the right wrist_rotate near home throughout, on either side of y = 0.5.
+    episode = rollout_expert(seed)
+    assert episode.success
+    roll, rotate = ARM_JOINTS.index("forearm_roll"), ARM_JOINTS.index("wrist_rotate")
+    unflipped = [roll, 7 + roll, 7 + rotate]  # left arm, then right arm: 7 numbers each
+    for joints in (episode.state, episode.action):
+        assert np.abs(joints[:, unflipped]).max() < np.pi / 2
 
 
 def test_episode_layout(episode):

@@ -1,16 +1,24 @@
 """A scripted expert for the ALOHA cube transfer: end-effector waypoints → IK → joint actions.
 
 The script follows the timing of ACT's scripted transfer policy (Zhao et al. 2023): the right
-arm opens and moves above the cube (steps 0–90), goes down to it (–130), closes (–170), carries
-it up to a meeting point in the middle of the table (–220) and waits there; meanwhile the left
-arm turns to face it (0–100) and slides in around the cube (–260), closes (–300); then the
-right gripper opens (–330) and both arms draw apart (–360) and hold still to the end (400).
+arm opens and pitches its gripper down where it stands (steps 0–30), moves above the cube (–90),
+goes down to it (–130), closes (–170), carries it up to a meeting point in the middle of the
+table (–220) and waits there; meanwhile the left arm turns to face it (0–100) and slides in
+around the cube (–260), closes (–300); then the right gripper opens (–330) and both arms draw
+apart (–360) and hold still to the end (400).
 
 ACT drove mocap bodies welded to the grippers and recorded the joint angles that followed;
 that weld behaves differently on MuJoCo ≥ 3. Here each arm's grasp-point pose is interpolated
 between waypoints (positions linearly, orientations by normalised quaternion blending) and
 turned into the next joint-angle target by damped least-squares IK (hetlab.aloha.ik), warm-started
 from the previous step's solution. The waypoints read only where the cube lies at the start.
+
+The right wrist starts bent up (wrist_angle −0.3) and grasps bent down (about +1), so on the way
+it passes straight, where forearm_roll and wrist_rotate turn the gripper about one axis. The
+gripper pitches down before the arm swings towards the cube, so the wrist passes straight while
+nothing asks it to turn sideways, and the forearm stays unrolled. Swinging first, the only joint
+path that kept the gripper facing −x rolled the forearm over into the flipped wrist
+(hetlab.aloha.ik): to +π or −π by the side of the table the cube lay on.
 
 An episode succeeds if, after the last step, the LEFT gripper holds the cube: both of its
 fingers touch it, the table does not, and it is at least LIFTED_Z above the table.
@@ -39,6 +47,7 @@ ABOVE_CUBE_Z = 0.10  # the right grasp point's height before it goes down to the
 GRASP_Z = 0.028
 CUBE_BELOW_GRASP = GRASP_Z - 0.02  # so at the meeting point the cube's centre is this far below MEET
 LEFT_REACH_IN = -0.01  # the left grasp point stops 1 cm short of the cube's centre (the right fingers are beyond)
+PITCHED = 30  # the step by which the right gripper is pitched down, before it moves towards the cube
 APART = 0.10  # how far each arm backs off from the meeting point, before and after the handover
 PICK_PITCH = np.deg2rad(60)  # the right gripper points 60° down, as in ACT
 LIFTED_Z = 0.05  # success: cube centre at least 3 cm higher than resting on the table
@@ -86,6 +95,7 @@ def transfer_waypoints(cube_xy: np.ndarray, start: dict[str, tuple[np.ndarray, n
     left_apart = handover - [APART, 0.0, 0.0]
     right = [
         Waypoint(0, *start["right"], opening),
+        Waypoint(PITCHED, start["right"][0], RIGHT_PICK_QUAT, 1.0),
         Waypoint(90, above, RIGHT_PICK_QUAT, 1.0),
         Waypoint(130, grasp, RIGHT_PICK_QUAT, 1.0),
         Waypoint(170, grasp, RIGHT_PICK_QUAT, 0.0),

@@ -9,6 +9,13 @@ target is out of reach (the solver then ends at the nearest pose it can find). S
 solve from the previous solution makes a sequence of nearby targets cheap and keeps the
 joint path continuous.
 
+The wrist reaches every gripper pose two ways: (forearm_roll, wrist_angle, wrist_rotate) and
+(forearm_roll ± π, −wrist_angle, wrist_rotate ∓ π). Unchecked, a solve that passes near
+wrist_angle = 0 (where the two rolls turn the gripper about one axis) may drift into either,
+and demonstrations of one motion would then come in two modes 2π apart. The solver keeps
+forearm_roll within ±π/2, so it returns the unflipped solution or, when only the flipped one
+would reach the target, misses it visibly.
+
 Only the chosen arm's joints move; the scratch data never touches the simulation's own.
 """
 
@@ -21,6 +28,7 @@ from hetlab.aloha.env import ARM_JOINTS
 
 # Between the finger pads, 12 cm along the gripper link's x axis (the fingers reach 6.4–15.4 cm).
 GRASP_POINT = np.array([0.12, 0.0, 0.0])
+FOREARM_ROLL_LIMIT = np.pi / 2  # the unflipped wrist (see above)
 
 
 class ArmIK:
@@ -35,6 +43,9 @@ class ArmIK:
         self.qpos_index = model.jnt_qposadr[joints]
         self.dof_index = model.jnt_dofadr[joints]
         self.low, self.high = model.jnt_range[joints].T
+        roll = ARM_JOINTS.index("forearm_roll")
+        self.low[roll] = max(self.low[roll], -FOREARM_ROLL_LIMIT)
+        self.high[roll] = min(self.high[roll], FOREARM_ROLL_LIMIT)
         self.damping, self.tolerance, self.max_iterations = damping, tolerance, max_iterations
         self._jacp = np.zeros((3, model.nv))
         self._jacr = np.zeros((3, model.nv))
