@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
+import torch
 
-from hetlab.imitation.evaluate import EvalConfig, evaluate
+from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, evaluate
 from hetlab.measure.stats import wilson_interval
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.cli import main
@@ -64,3 +66,51 @@ def test_cli_rejects_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "not a run directory" in err and len(err.strip().splitlines()) == 1
+
+
+class ChunkCounter:
+    """Stands in for the AR-Actor where only the chunk schedule matters: the n-th chunk it
+    generates plans action 100·n + k for its k-th step."""
+
+    class cfg:
+        chunk = 5
+
+    def __init__(self):
+        self.generated = 0
+
+    def act(self, images, state, steps):
+        planned = 100.0 * self.generated + np.arange(steps, dtype=np.float32)
+        self.generated += 1
+        return torch.from_numpy(np.repeat(planned[None, :, None], 2, axis=2))
+
+
+def actions_of(policy: ChunkPolicy, steps: int) -> list[float]:
+    image, state = np.zeros((4, 4, 3), np.uint8), np.zeros(14, np.float32)
+    return [float(policy(image, state)[0]) for _ in range(steps)]
+
+
+def test_chunks_run_in_turn_or_replan_every_few_steps():
+    assert actions_of(ChunkPolicy(ChunkCounter(), 0), 7) == [0, 1, 2, 3, 4, 100, 101]
+    assert actions_of(ChunkPolicy(ChunkCounter(), 2), 5) == [0, 1, 100, 101, 200]
+
+
+def test_temporal_ensembling_weights_the_running_chunks_as_act_does():
+    m = 0.01
+    executed = actions_of(ChunkPolicy(ChunkCounter(), 0, temporal_ensemble=m), 8)  # a new chunk every step (ACT)
+    for step, action in enumerate(executed):
+        # Chunk n (made at step n) plans 100·n + (step − n) for this step; the last `chunk` of them still run.
+        running = list(range(max(0, step - ChunkCounter.cfg.chunk + 1), step + 1))
+        weights = np.exp(-m * np.arange(len(running)))  # the oldest first, weighted most
+        expected = sum(w * (100 * n + step - n) for w, n in zip(weights, running)) / weights.sum()
+        assert action == pytest.approx(expected, rel=1e-6), step
+    # Every 2 steps: only the chunks made so far count.
+    assert actions_of(ChunkPolicy(ChunkCounter(), 2, temporal_ensemble=0.0), 3) == [0, 1, pytest.approx((2 + 100) / 2)]
+
+
+def test_evaluation_records_temporal_ensembling_and_refuses_a_negative_weight(run, tmp_path):
+    report = evaluate(EvalConfig(run=run, seeds="2000", workers=1, videos=0, max_steps=12, replan_every=4,
+                                 temporal_ensemble=0.01, out=tmp_path / "ensembled"))
+    saved = json.loads((tmp_path / "ensembled" / "results.json").read_text())
+    assert saved["temporal_ensemble"] == 0.01 and saved["replan_every"] == 4 and report["episodes"] == 1
+    with pytest.raises(UserError, match="--temporal-ensemble must be ≥ 0"):
+        evaluate(EvalConfig(run=run, seeds="2000", temporal_ensemble=-1.0, out=tmp_path / "bad"))

@@ -4,8 +4,9 @@ One spawned worker process per core, each with its own MuJoCo renderer and a one
 of the policy, takes seeds from a queue; an episode ends at the first success (gym-aloha's
 top reward: the left gripper holds the cube in the air) or after 400 steps. Every episode
 depends only on its seed, so the results are the same for any number of workers. The policy
-generates a chunk of actions from the current image and state and executes the first
-`replan_every` of them before looking again.
+generates a chunk of actions from the current image and state every `replan_every` steps; it
+executes the newest chunk's actions in turn, or, with ACT's temporal ensembling, at each step a
+weighted mean of what every chunk still running planned for that step.
 """
 
 from __future__ import annotations
@@ -39,27 +40,45 @@ class EvalConfig:
     seeds: str = "2000-2299"  # environment seeds: A-B, N, or a,b,c
     workers: int = 0  # episode processes; 0 = one per core
     videos: int = 3  # mp4s of the first K seeds
-    replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
+    replan_every: int = 0  # steps between generated chunks; 0 = the whole chunk (with --temporal-ensemble: 1, as ACT)
+    # ACT's temporal ensembling: each step's action is the mean of every running chunk's action for
+    # it, chunk i (0 = the oldest) weighted exp(−m·i); ACT's m is 0.01. None: the newest chunk alone.
+    temporal_ensemble: float | None = None
     max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
     out: Path | None = None  # results directory; default RUN/eval/<seeds>
 
 
 class ChunkPolicy:
-    """Acts from a chunk generated every `replan_every` steps."""
+    """Acts from a chunk generated every `replan_every` steps (see the module docstring); with
+    `temporal_ensemble` m, from the exp(−m·i)-weighted mean of the running chunks' actions."""
 
-    def __init__(self, model, replan_every: int):
-        self.model, self.replan_every = model, replan_every or model.cfg.chunk
-        self.pending: list[np.ndarray] = []
+    def __init__(self, model, replan_every: int, temporal_ensemble: float | None = None):
+        self.model, self.ensemble, chunk = model, temporal_ensemble, model.cfg.chunk
+        self.replan_every = replan_every or (1 if temporal_ensemble is not None else chunk)
+        # Without ensembling only the steps up to the next chunk are ever executed.
+        self.steps = chunk if temporal_ensemble is not None else self.replan_every
+        self.reset()
 
     def reset(self) -> None:
-        self.pending = []
+        self.step = 0
+        self.chunks: list[tuple[int, np.ndarray]] = []  # (step it was generated at, its actions), oldest first
 
     def __call__(self, image: np.ndarray, state: np.ndarray) -> np.ndarray:
-        if not self.pending:
+        if self.step % self.replan_every == 0:
             images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
-            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.replan_every)
-            self.pending = list(chunk[0].numpy())
-        return self.pending.pop(0)
+            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps)
+            self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
+            self.chunks.append((self.step, chunk[0].numpy()))
+        if self.ensemble is None:
+            start, actions = self.chunks[-1]
+            action = actions[self.step - start]
+        else:
+            planned = np.stack([actions[self.step - start] for start, actions in self.chunks
+                                if self.step - start < len(actions)])
+            weights = np.exp(-self.ensemble * np.arange(len(planned)))
+            action = (weights[:, None] * planned).sum(axis=0) / weights.sum()
+        self.step += 1
+        return action
 
 
 def load_eval_policy(run_dir: Path):
@@ -87,10 +106,10 @@ def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_fr
 class _EpisodeRunner:
     """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
 
-    def __init__(self, run: Path, height: int, width: int, replan_every: int, max_steps: int, video_seeds: set[int],
-                 video_dir: Path):
+    def __init__(self, run: Path, height: int, width: int, replan_every: int, temporal_ensemble: float | None,
+                 max_steps: int, video_seeds: set[int], video_dir: Path):
         torch.set_num_threads(1)  # one worker per core
-        self.policy = ChunkPolicy(load_eval_policy(run), replan_every)
+        self.policy = ChunkPolicy(load_eval_policy(run), replan_every, temporal_ensemble)
         self.env = AlohaTransferCube(height=height, width=width)
         self.max_steps, self.video_seeds, self.video_dir = max_steps, video_seeds, video_dir
 
@@ -110,6 +129,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     config = read_run_config(cfg.run)  # checks the run before any process starts
     if cfg.replan_every < 0 or cfg.replan_every > config["model"]["chunk"]:
         raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
+    if cfg.temporal_ensemble is not None and cfg.temporal_ensemble < 0:
+        raise UserError(f"--temporal-ensemble must be ≥ 0 (ACT uses 0.01), got {cfg.temporal_ensemble}")
     if cfg.videos < 0:
         raise UserError(f"--videos must be ≥ 0, got {cfg.videos}")
     if not 1 <= cfg.max_steps <= EPISODE_STEPS:
@@ -119,7 +140,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
-    runner = (Path(cfg.run), height, width, cfg.replan_every, cfg.max_steps, set(seeds[:cfg.videos]), video_dir)
+    runner = (Path(cfg.run), height, width, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
+              set(seeds[:cfg.videos]), video_dir)
     started = time.perf_counter()
     per_seed: list[dict] = []
     job = progress.add_task("episodes", total=len(seeds)) if progress is not None else None
@@ -131,8 +153,9 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     per_seed.sort(key=lambda r: r["seed"])
     successes = sum(r["success"] for r in per_seed)
     low, high = wilson_interval(successes, len(per_seed))
-    report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": cfg.replan_every or config["model"]["chunk"],
-              "max_steps": cfg.max_steps,
+    replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config["model"]["chunk"])
+    report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": replan_every,
+              "temporal_ensemble": cfg.temporal_ensemble, "max_steps": cfg.max_steps,
               "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),
               "wilson95": [low, high], "per_seed": per_seed}
     write_text_atomic(out / "results.json", json.dumps(report, indent=2))
