@@ -92,7 +92,7 @@ def test_sync_resume_is_exact(tmp_path, assert_same_weights):
     history = json.loads((resumed / "history.json").read_text())
     assert [row["iteration"] for row in history] == list(range(6))
     walls = [row["wall_seconds"] for row in history]
-    assert walls == sorted(walls)  # the second session's clock goes on from the first's
+    assert walls == sorted(walls)  # the second launch's clock goes on from the first's
     events = [e for e in json.loads((resumed / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
     updates = sorted(e["ts"] for e in events if e["name"] == "update")
     assert len(updates) == 6  # three learner updates of each session, one after the other
@@ -253,7 +253,7 @@ def test_off_policy_resume_refills_the_replay_buffer(tmp_path):
     saved_steps = json.loads((saved / "history.json").read_text())[-1]["env_steps"]
     resumed, _ = train(tmp_path, "--resume", str(saved), "--max-iterations", "6")
     history = json.loads((resumed / "history.json").read_text())
-    assert [row["iteration"] for row in history] == list(range(6))  # the first session's rows are kept
+    assert [row["iteration"] for row in history] == list(range(6))  # the first launch's rows are kept
     # The buffer came back: collection goes on from where it was, with no new random warm-up.
     assert history[4]["env_steps"] >= saved_steps
     assert json.loads((resumed / "summary.json").read_text())["updates"] == 6 * 8

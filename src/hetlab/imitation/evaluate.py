@@ -67,14 +67,12 @@ class ChunkPolicy:
         if self.step % self.replan_every == 0:
             images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
             chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps)
-            self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
             self.chunks.append((self.step, chunk[0].numpy()))
+        self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
+        planned = np.stack([actions[self.step - start] for start, actions in self.chunks])
         if self.ensemble is None:
-            start, actions = self.chunks[-1]
-            action = actions[self.step - start]
+            action = planned[-1]  # the newest chunk's
         else:
-            planned = np.stack([actions[self.step - start] for start, actions in self.chunks
-                                if self.step - start < len(actions)])
             weights = np.exp(-self.ensemble * np.arange(len(planned)))
             action = (weights[:, None] * planned).sum(axis=0) / weights.sum()
         self.step += 1

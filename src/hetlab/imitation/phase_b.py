@@ -16,7 +16,7 @@ transfer, encode, update), power per device with energy per sample, the learner'
 
 A run resumes exactly (`resume`): the checkpoint holds the expert and its optimizer, and the
 batches, masks and dropout of a step depend only on (seed, step). Its time, power and memory
-figures then describe the resumed session.
+figures then describe the resumed launch.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     reset_peak_memory(torch_device)
     sampler = PowerSampler(meters, interval=cfg.power_interval, unavailable=unavailable)
     step, stopped_by = first_step, "steps"
-    wall_offset = history[-1]["wall_s"] if history else 0.0  # the loss curve's clock goes on across sessions
+    wall_offset = history[-1]["wall_s"] if history else 0.0  # the loss curve's clock goes on across launches
     job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps, completed=step) \
         if progress is not None else None
     sampler.start()
@@ -376,7 +376,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         sampler.stop()
         writer.close()
     checkpoint()
-    samples = (step - first_step) * cfg.batch  # this session's: time, power and memory are measured over it
+    samples = (step - first_step) * cfg.batch  # this launch's: time, power and memory are measured over it
     energy = sampler.report()
     summary = {
         "condition": cfg.condition, "seed": cfg.seed, "steps": step, "first_step": first_step, "samples": samples,

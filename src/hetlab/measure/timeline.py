@@ -5,7 +5,7 @@ the system-wide monotonic clock, so spans from collectors, the stager thread and
 line up. The learner gathers them into a `Timeline` that keeps running totals per
 (role, stage) over the whole run, and the raw spans of the most recent iterations for a
 Chrome trace (chrome://tracing or ui.perfetto.dev). A resumed run's timeline continues the
-earlier sessions' totals and trace; each session's spans follow the previous ones in the trace.
+earlier launches' totals and trace; each launch's spans follow the previous ones in the trace.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Timeline:
         self._earlier_events: list[dict] = []
 
     def continue_from(self, totals: dict[str, dict[str, float]], iterations: int, trace_events: list[dict]) -> None:
-        """Start from an earlier session's `summary()`, its iteration count and its Chrome trace events."""
+        """Start from an earlier launch's `summary()`, its iteration count and its Chrome trace events."""
         for role, stages in totals.items():
             for stage, seconds in stages.items():
                 self.totals[role][stage] += seconds
@@ -84,7 +84,7 @@ class Timeline:
             for tid, role in enumerate(roles)
         ]
         events += [{**event, "tid": roles.index(event["args"]["role"])} for event in earlier]
-        # This session's spans start a second after the earlier ones end.
+        # This launch's spans start a second after the earlier ones end.
         offset = max((e["ts"] + e["dur"] for e in earlier), default=-1e6) + 1e6
         for spans in self._recent:
             for role, stage, t0, t1 in spans:

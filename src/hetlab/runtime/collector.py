@@ -18,6 +18,7 @@ exceptions and hands them the `stop` signal they poll.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -148,6 +149,13 @@ class TransitionCollectorSpec:
     lead: int  # steps a collector may run ahead of that ratio
     first_step: int = 0  # steps this collector has already written (a resumed run continues its rows)
     update_offset: int = 0  # learner updates done before the buffer's data began
+
+
+def fresh_episodes(spec, attempt: int, **changes):
+    """A collector spec (on- or off-policy) for one that takes over from a lost collector, its
+    `attempt`-th replacement: the same envs, fresh episodes from a seed of its own, `changes`."""
+    seed = spec.seed + 104_729 * attempt
+    return dataclasses.replace(spec, seed=seed, task_options={**spec.task_options, "seed": seed}, **changes)
 
 
 class LocalPolicy:

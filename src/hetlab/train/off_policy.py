@@ -15,7 +15,6 @@ buffer goes away (it may include the buffer).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import time
 from collections import deque
@@ -27,7 +26,7 @@ import torch
 
 from hetlab.checkpoint import checkpoint_dir, save_checkpoint
 from hetlab.devices import LearnerDevice
-from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, run_transition_collector
+from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, fresh_episodes, run_transition_collector
 from hetlab.runtime.inference_server import InferenceServer
 from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.replay import ReplayBuffer, ReplayStager
@@ -61,7 +60,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episode_returns: deque[float] = deque(maxlen=100)
     episode_lengths: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
-    first_steps, first_updates, first_iteration = 0.0, updates, iteration  # where this session started
+    first_steps, first_updates, first_iteration = 0.0, updates, iteration  # where this launch of the run started
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             ReplayBuffer(layout) as replay, ExitStack() as resources, pool:
@@ -83,7 +82,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 actor_copy = copy.deepcopy(algo.actor).cpu()
             jobs = []
             for index in range(cfg.collectors):
-                # A resumed session draws new episodes (a prime stride keeps seeds of sessions apart).
+                # A resumed run draws new episodes (a prime stride keeps the seeds of its launches apart).
                 seed = cfg.seed * 1000 + index + 7919 * iteration
                 spec = TransitionCollectorSpec(
                     index=index, task=cfg.task,
@@ -94,9 +93,11 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     lead=cfg.off_policy.lead, first_step=int(steps[index]), update_offset=update_offset,
                 )
                 policy = server.client(index) if on_learner else LocalPolicy(actor_copy, weights, spec.seed)
-                jobs.append(CollectorJob(run_transition_collector, (spec, policy, replay),
-                                         replace=lambda last, attempt, spec=spec, policy=policy:
-                                         (_replacement(spec, last, attempt), policy, replay)))
+                # A replacement's rows go on from the last step the lost one committed.
+                replace = lambda last, attempt, spec=spec, policy=policy: (
+                    fresh_episodes(spec, attempt, first_step=spec.first_step if last is None else last["steps"]),
+                    policy, replay)
+                jobs.append(CollectorJob(run_transition_collector, (spec, policy, replay), replace=replace))
             pool.start(jobs)
             stager = ReplayStager(
                 replay, device, batch_size=algo_cfg.batch_size, gamma=algo_cfg.gamma, n_step=algo_cfg.n_step,
@@ -158,7 +159,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     "env_steps": int(vector_steps * layout.envs),
                     "wall_seconds": wall,
                     "env_steps_per_s": (vector_steps - first_steps) * layout.envs / wall,
-                    "updates_per_s": (updates - first_updates) / wall,  # this session
+                    "updates_per_s": (updates - first_updates) / wall,  # this launch
                     "mean_reward": mean(episode_returns),
                     "episode_length": mean(episode_lengths),
                     "policy_lag": mean(lags),
@@ -183,14 +184,6 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     rows = record.session_rows
     session_steps = round(rows[-1]["env_steps"] - first_steps * layout.envs) if rows else 0
     record.finish(wall, stopped_by, session_steps)
-
-
-def _replacement(spec: TransitionCollectorSpec, last: dict | None, attempt: int) -> TransitionCollectorSpec:
-    """A collector that takes over from a lost one: its rows go on from the last step it
-    committed, with fresh episodes from a seed of its own."""
-    seed = spec.seed + 104_729 * attempt
-    return dataclasses.replace(spec, seed=seed, task_options={**spec.task_options, "seed": seed},
-                               first_step=spec.first_step if last is None else last["steps"])
 
 
 def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: int, algo, replay: ReplayBuffer,

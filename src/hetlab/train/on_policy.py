@@ -12,14 +12,13 @@ a run that was not failed writes its summary, trace and plots.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections import deque
 from pathlib import Path
 
 from hetlab.checkpoint import save_checkpoint
 from hetlab.devices import LearnerDevice
-from hetlab.runtime.collector import CollectorSpec, run_collector
+from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
 from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.staging import DeviceStager
@@ -58,8 +57,10 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
                     seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
                 )
-                jobs.append(CollectorJob(run_collector, (spec, actor_copy, ring, weights),
-                                         replace=lambda _, attempt, spec=spec: (_replacement(spec, attempt), actor_copy, ring, weights)))
+                # A replacement starts fresh episodes: the task state of the lost one is gone with it.
+                replace = lambda _, attempt, spec=spec: (fresh_episodes(spec, attempt, resume_state=None), actor_copy,
+                                                         ring, weights)
+                jobs.append(CollectorJob(run_collector, (spec, actor_copy, ring, weights), replace=replace))
             pool.start(jobs)
             stager = DeviceStager(ring, cfg.collectors, device, by_collector=sync)
             stager.start()
@@ -89,7 +90,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                     collector_states[meta["collector"]] = meta["state"]
                 timeline.add(iteration, "learner", learner.take())
-                steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, resumed sessions included
+                steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
                 wall = time.perf_counter() - start
                 record.log({
                     "iteration": iteration,
@@ -116,12 +117,6 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
         _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
-
-
-def _replacement(spec: CollectorSpec, attempt: int) -> CollectorSpec:
-    """A collector that takes over from a lost one: fresh episodes from a seed of its own."""
-    seed = spec.seed + 104_729 * attempt
-    return dataclasses.replace(spec, seed=seed, task_options={**spec.task_options, "seed": seed}, resume_state=None)
 
 
 def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool) -> None:

@@ -2,7 +2,7 @@
 
 `RunRecord` is what a loop writes into: per iteration a TensorBoard row and a console line,
 at every checkpoint history.json (so a crash keeps the rows up to its last checkpoint), and at
-the end summary.json, the Chrome trace and the plots. A resumed session continues the record of
+the end summary.json, the Chrome trace and the plots. A resumed launch continues the record of
 the earlier ones — rows, wall-clock time, time breakdown, trace — so resuming never shrinks
 what a run has written. `interrupt_guard()` turns Ctrl-C into a flag the loops check at
 iteration boundaries, where a checkpoint is consistent.
@@ -41,8 +41,9 @@ def interrupt_guard():
 
 
 class RunRecord:
-    """The files of `run_dir` that describe the run, continued from earlier sessions when resuming
-    at `first_iteration` (rows from that iteration on are dropped: this session logs them again)."""
+    """The files of `run_dir` that describe the run, continued from its earlier launches when
+    resuming at `first_iteration` (rows from that iteration on are dropped: this launch logs them
+    again). summary.json's `sessions` has one entry per launch of `hetlab train` on the run."""
 
     def __init__(self, run_dir: Path, cfg, first_iteration: int = 0):
         from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
@@ -62,7 +63,7 @@ class RunRecord:
         self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
-        """An iteration's row (its wall_seconds counted within this session) to TensorBoard
+        """An iteration's row (its wall_seconds counted within this launch) to TensorBoard
         (against env steps), the console and the history."""
         row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"]}
         steps = row["env_steps"]
@@ -81,7 +82,7 @@ class RunRecord:
 
     @property
     def session_rows(self) -> list[dict]:
-        """The rows this session logged."""
+        """The rows this launch logged."""
         return self.history[self._earlier_rows:]
 
     def save_history(self) -> None:
@@ -94,8 +95,8 @@ class RunRecord:
         self.writer.close()
 
     def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
-        """summary.json (the whole run, and each session), history.json, the Chrome trace and the
-        plots; `session_steps`: env steps collected in this session."""
+        """summary.json (the whole run, and each launch), history.json, the Chrome trace and the
+        plots; `session_steps`: env steps collected in this launch."""
         cfg, history = self.cfg, self.history
         session = {
             "first_iteration": self.first_iteration,
@@ -115,7 +116,7 @@ class RunRecord:
             "iterations": len(history),
             "env_steps": history[-1]["env_steps"] if history else 0,
             "wall_seconds": self.wall_offset + wall,
-            "env_steps_per_s": session["env_steps_per_s"],  # this session's: earlier ones may have run elsewhere
+            "env_steps_per_s": session["env_steps_per_s"],  # this launch's: earlier ones may have run elsewhere
             "mean_reward_first": rewards[0] if rewards else None,
             "mean_reward_last": rewards[-1] if rewards else None,
             "policy_lag_mean": mean([row["policy_lag"] for row in history]),

@@ -136,7 +136,7 @@ class RayPool(CollectorPool):
         self._watcher: threading.Thread | None = None
         self._lost = self._replaced = self._lost_steps = 0
         self._relayed_bytes = 0  # from relays already retired
-        self.recoveries: list[dict] = []  # per replaced collector: detection and recovery times
+        self._last_recovery_s = 0.0  # from finding a collector lost to its replacement's first delivery
 
     # The CollectorPool interface --------------------------------------------------------
     def start(self, jobs: list[CollectorJob]) -> None:
@@ -187,14 +187,8 @@ class RayPool(CollectorPool):
             "ray/collectors_replaced": self._replaced,
             "ray/lost_env_steps_at_most": self._lost_steps,
             "ray/relayed_mb": (relayed + (self._pusher.bytes if self._pusher is not None else 0)) / 1e6,
-            "ray/last_recovery_s": self.recoveries[-1]["recovery_s"] if self.recoveries else 0.0,
+            "ray/last_recovery_s": self._last_recovery_s,
         }
-
-    def describe(self) -> list[dict]:
-        """Where each collector runs: index, node, address, process id, and whether it is on the learner's node."""
-        with self._lock:
-            return [{"collector": c.index, "node": c.node, "address": c.address, "pid": c.pid, "learner_node": c.local}
-                    for c in self._collectors.values()]
 
     # Starting and replacing collectors --------------------------------------------------------
     def _launch(self, index: int, job: CollectorJob) -> _Collector:
@@ -214,7 +208,7 @@ class RayPool(CollectorPool):
         def on_message(meta: dict) -> None:
             collector.last_message = meta
             if collector.lost_at is not None:  # a replacement's first delivery: the collector is back
-                self.recoveries.append({"collector": index, "recovery_s": time.monotonic() - collector.lost_at})
+                self._last_recovery_s = time.monotonic() - collector.lost_at
                 collector.lost_at = None
 
         relays = {"ring": RingRelay, "replay": ReplayRelay}
@@ -259,9 +253,7 @@ class RayPool(CollectorPool):
         for relay in collector.relays:
             relay.stop()
             self._relayed_bytes += relay.bytes
-            self._lost_steps += relay.lost_steps()
-            if isinstance(relay, RingRelay):
-                relay.release_held()
+            self._lost_steps += relay.settle_loss()
         if self._pusher is not None:
             self._pusher.remove(collector.index)
         self._lost += 1

@@ -143,9 +143,10 @@ class Relay:
         for thread in self._threads:
             thread.join(timeout=10 * POLL_S)
 
-    def lost_steps(self) -> int:
-        """At most the env steps the collector had collected and not yet delivered."""
-        return 0
+    def settle_loss(self) -> int:
+        """Once the collector is gone (and the relay stopped): give back what it held of the
+        learner's region, and return at most how many env steps it had collected and not delivered."""
+        raise NotImplementedError
 
 
 class RingRelay(Relay):
@@ -183,16 +184,13 @@ class RingRelay(Relay):
                 self._on_message(meta)
                 self._room.release()
 
-    def release_held(self) -> None:
-        """Give the slots the collector held back to the ring (once it is gone)."""
+    def settle_loss(self) -> int:
+        # Its slots go back to the ring; each held a rollout in the making.
         with self._lock:
             held, self.held = self.held, set()
         for slot in held:
             self._ring.release(slot)
-
-    def lost_steps(self) -> int:
-        with self._lock:
-            return len(self.held) * self._ring.layout.horizon * self._ring.layout.num_envs
+        return len(held) * self._ring.layout.horizon * self._ring.layout.num_envs
 
 
 # ---------------------------------------------------------------------------------- replay --
@@ -262,8 +260,9 @@ class ReplayRelay(Relay):
                     return
                 self._on_message(meta)
 
-    def lost_steps(self) -> int:
-        # What may have sat in the collector's queue, and the step it was writing.
+    def settle_loss(self) -> int:
+        # Its rows past the last commit are never sampled; lost: what may have sat in the
+        # collector's queue, and the step it was writing.
         return (RELAY_BATCH + 1) * self._replay.layout.envs_per_collector
 
 
