@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 
 import gymnasium
 import numpy as np
@@ -79,6 +80,32 @@ def test_camera_observation_shapes_and_content():
         assert obs["pixels"]["top"].shape == (96, 128, 3)
     finally:
         env.close()
+
+
+def test_fast_render_quality_draws_the_same_scene_without_shadows_several_times_quicker():
+    def frames_and_seconds(quality: str) -> tuple[np.ndarray, float]:
+        env = AlohaTransferCube(height=120, width=160, render_quality=quality)
+        try:
+            image = env.reset(seed=0)[0]["pixels"]["top"]
+            seconds = []
+            for _ in range(15):
+                started = time.perf_counter()
+                env.render()
+                seconds.append(time.perf_counter() - started)
+            return image.astype(np.int16), float(np.median(seconds))
+        finally:
+            env.close()
+
+    (high, high_s), (fast, fast_s) = frames_and_seconds("high"), frames_and_seconds("fast")
+    difference = np.abs(high - fast)
+    # The same view (most pixels equal) with the arms' shadows and smoothed edges gone.
+    assert 0 < difference.mean() < 15 and np.mean(difference.max(axis=2) == 0) > 0.5
+    assert fast_s < high_s / 2, (fast_s, high_s)  # ~8× on a 2-core EPYC with llvmpipe
+
+
+def test_unknown_render_quality_is_a_user_error():
+    with pytest.raises(UserError, match="unknown render quality 'ultra'; choose one of high, fast"):
+        AlohaTransferCube(render_quality="ultra")
 
 
 def test_unknown_camera_is_a_user_error():

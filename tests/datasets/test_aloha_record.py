@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hetlab.aloha.record import RecordConfig, record
+from hetlab.aloha.record import RecordConfig, record, recorded_render_quality
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 
@@ -85,3 +85,13 @@ def test_bad_settings_are_refused_before_anything_runs(tmp_path):
     with pytest.raises(UserError, match="--workers"):
         record(short_recording(tmp_path / "x", episodes=1, workers=-1))
     assert not (tmp_path / "x").exists()
+
+
+def test_the_render_quality_is_recorded_and_a_recording_continues_only_at_the_same_one(tmp_path):
+    out = tmp_path / "fast"
+    record(short_recording(out, episodes=1, render_quality="fast"))
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert recorded_render_quality(info) == "fast" == info["features"][CAMERA]["info"]["render.quality"]
+    with pytest.raises(UserError, match="render quality"):
+        record(short_recording(out, episodes=2, render_quality="high"))
+    assert len(LeRobotDataset(out).episode_lengths) == 1

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, evaluate
+from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, eval_env, evaluate
 from hetlab.measure.stats import wilson_interval
-from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
 from hetlab.cli import main
 from hetlab.errors import UserError
 
@@ -39,6 +39,28 @@ def test_one_and_two_workers_give_the_same_json(run, tmp_path):
     assert [r["seed"] for r in report["per_seed"]] == [2000, 2001]
     assert all(r["steps"] == MAX_STEPS or r["success"] for r in report["per_seed"])
     assert report["wilson95"] == list(wilson_interval(report["successes"], 2))
+    assert report["held_out"] is True  # the tiny recording's episodes come from seeds 0 and 1
+
+
+def test_seeds_the_run_trained_on_are_refused_unless_memorisation_is_asked_for(run, tmp_path):
+    with pytest.raises(UserError, match=r"--seeds 1: the training episodes were recorded from these seeds, so they are "
+                                        r"not held out; evaluate on others \(e.g. 2000-2049\) or pass "
+                                        "--on-training-seeds"):
+        evaluate(EvalConfig(run=run, seeds="1-3", out=tmp_path / "eval"))
+    assert not (tmp_path / "eval").exists()
+    report = evaluate(EvalConfig(run=run, seeds="1", workers=1, videos=0, max_steps=2, on_training_seeds=True,
+                                 out=tmp_path / "eval"))
+    assert report["held_out"] is False and json.loads((tmp_path / "eval" / "results.json").read_text())["held_out"] is False
+
+
+def test_evaluation_renders_at_the_runs_size_and_render_quality(run):
+    config = read_run_config(run)
+    assert config["render_quality"] == "fast"  # the tiny recording's
+    env = eval_env(config)
+    assert (env.height, env.width, env.render_quality) == (*config["image_size"], "fast")
+    # Runs from before the setting were recorded at the scene's own quality.
+    older = {key: value for key, value in config.items() if key != "render_quality"}
+    assert eval_env(older).render_quality == "high"
 
 
 def test_wilson_interval_against_the_formula():

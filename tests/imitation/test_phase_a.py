@@ -67,6 +67,7 @@ def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path):
 
     config = json.loads((run / "config.json").read_text())
     assert config["kind"] == phase_a.RUN_KIND and config["image_size"] == [TINY.height, TINY.width]
+    assert config["render_quality"] == "fast"  # the recording's, which evaluation renders at
     assert config["phase_a"]["steps"] == steps
     model, loaded_config = load_policy(run)
     assert loaded_config == config and not model.training
@@ -105,6 +106,12 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     summary = json.loads((resumed / "summary.json").read_text())
     assert (summary["steps"], summary["session_steps"]) == (2 * n, n)
 
+    # A resumed run keeps its options: another preset's model would not fit the checkpoint.
+    with pytest.raises(UserError, match=f"--preset cpu: {resumed} was trained with tiny and a resumed run keeps its "
+                                        "options"):
+        train_phase_a(PhaseAConfig(resume=resumed, steps=3 * n, preset="cpu"))
+    assert load_checkpoint(resumed)["step"] == 2 * n
+
 
 def test_batch_indices_cover_every_frame_once_per_epoch_and_are_deterministic():
     frames, batch, seed = 37, 8, 3
@@ -123,13 +130,15 @@ def test_batch_indices_cover_every_frame_once_per_epoch_and_are_deterministic():
 
 # --- bad input ------------------------------------------------------------------------------------
 
-def write_dataset(root: Path, state_dim: int = 14, camera: str = "observation.images.top", steps: int = 12) -> Path:
+def write_dataset(root: Path, state_dim: int = 14, camera: str = "observation.images.top", steps: int = 12,
+                  size: tuple[int, int] = (TINY.height, TINY.width)) -> Path:
     """A small LeRobot dataset of one episode, shaped unlike the cube transfer where asked."""
     spec = DatasetSpec(fps=50, task="t", robot_type="aloha", state_names=tuple(f"q{i}" for i in range(state_dim)),
-                       action_names=tuple(f"u{i}" for i in range(14)), cameras=(camera,), height=64, width=64)
+                       action_names=tuple(f"u{i}" for i in range(14)), cameras=(camera,), height=size[0],
+                       width=size[1])
     rng = np.random.default_rng(0)
     with LeRobotWriter(root, spec) as writer:
-        writer.add_episode({camera: rng.integers(0, 255, (steps, 64, 64, 3), dtype=np.uint8)},
+        writer.add_episode({camera: rng.integers(0, 255, (steps, *size, 3), dtype=np.uint8)},
                            rng.standard_normal((steps, state_dim)).astype(np.float32),
                            rng.standard_normal((steps, 14)).astype(np.float32))
     return root
@@ -162,6 +171,14 @@ def test_a_dataset_with_other_state_or_cameras_is_refused(tmp_path):
     wrist = write_dataset(tmp_path / "wrist", camera="observation.images.wrist")
     assert_refused_before_work(tmp_path / "runs", "reads the observation.images.top camera; this dataset has "
                                "observation.images.wrist", dataset=wrist, train_episodes="0")
+
+
+def test_a_dataset_recorded_at_another_size_than_the_presets_is_refused(tmp_path):
+    # Evaluation renders at the preset's size; frames resized from another would not match them.
+    square = write_dataset(tmp_path / "square", size=(64, 64))
+    assert_refused_before_work(tmp_path / "runs", "recorded at 64×64 with render quality high; the tiny preset "
+                               r"expects 64×96 at high \(record one with `hetlab aloha record --height 64 --width 96 "
+                               "--render-quality high`", dataset=square, train_episodes="0")
 
 
 def test_load_policy_refuses_what_is_not_an_ar_actor_run(tmp_path):

@@ -15,7 +15,9 @@ def test_a_policy_trained_on_one_episode_replays_it_in_closed_loop(tmp_path):
     record(RecordConfig(out=dataset, episodes=1, height=64, width=96, workers=1))
     run = train_phase_a(PhaseAConfig(dataset=dataset, preset="tiny", train_episodes="0", steps=2000,
                                      loader_workers=0, runs_dir=tmp_path / "runs"))
-    report = evaluate(EvalConfig(run=run, seeds="0", workers=1, videos=0, out=tmp_path / "eval"))
+    report = evaluate(EvalConfig(run=run, seeds="0", workers=1, videos=0, on_training_seeds=True,
+                                 out=tmp_path / "eval"))
+    assert report["held_out"] is False
     (episode,) = report["per_seed"]
     # Measured on a 2-core AMD EPYC: the cube handed over (reward 4) at step 353, after 2,000
     # steps (~40 s) of training; 600 steps left it at reward 0. Reward > 0: the right gripper

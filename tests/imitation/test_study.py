@@ -98,3 +98,12 @@ def test_unknown_condition_is_refused_before_anything_runs(phase_a_run, tmp_path
     with pytest.raises(UserError, match="choose from learner, L1, L2, L3, L4, cache"):
         run_study(StudyConfig(from_run=phase_a_run, conditions="learner,L9", out=tmp_path / "study"))
     assert not (tmp_path / "study").exists()
+
+
+def test_evaluation_seeds_the_training_episodes_came_from_are_refused_before_anything_runs(phase_a_run, tmp_path):
+    # The report calls its evaluation seeds held out; the tiny recording's episodes are seeds 0 and 1.
+    with pytest.raises(UserError, match="--eval-seeds 1: the training episodes were recorded from these seeds"):
+        run_study(StudyConfig(from_run=phase_a_run, eval_seeds="1-5", train_episodes="0-1", out=tmp_path / "study"))
+    with pytest.raises(UserError, match=r"episode\(s\) \[2, 3\] out of range; the dataset has 2 episodes"):
+        run_study(StudyConfig(from_run=phase_a_run, train_episodes="0-3", out=tmp_path / "study"))
+    assert not (tmp_path / "study").exists()

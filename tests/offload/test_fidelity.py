@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import hetlab.imitation.phase_a as phase_a
+from hetlab.aloha.record import RecordConfig, record
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
@@ -58,6 +59,14 @@ def test_int8_fidelity_of_a_phase_a_run(tiny_aloha_dataset, tmp_path, monkeypatc
     assert result.quantise == dataclasses.asdict(QuantiseConfig(overflow_fix=fix))
     assert result.int8_kernels == kernels.describe()
     assert result.choice == f"overflow fix {fix} for {kernels}"
+
+    # Frames rendered otherwise than the run's (here: with shadows) are not what it was trained on.
+    high = tmp_path / "high-quality"
+    record(RecordConfig(out=high, episodes=1, height=64, width=96, steps=30, successful_only=False, workers=1,
+                        render_quality="high"))
+    with pytest.raises(UserError, match=f"{high} was recorded at 64×96 with render quality high; run {run} expects "
+                                        "64×96 at fast"):
+        phase_a_fidelity(run, (1,), high, calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
 
 
 def test_a_missed_goal_says_why_and_what_to_try():

@@ -34,7 +34,8 @@ import mujoco
 import numpy as np
 from rich.progress import Progress
 
-from hetlab.aloha.env import ARMS, EPISODE_STEPS, START_ARM_POSE, START_FINGER, AlohaTransferCube, normalise_gripper
+from hetlab.aloha.env import (ARMS, EPISODE_STEPS, START_ARM_POSE, START_FINGER, AlohaTransferCube, RenderQuality,
+                              normalise_gripper)
 from hetlab.aloha.ik import ArmIK
 from hetlab.errors import UserError
 from hetlab.runtime.workers import WorkerPool
@@ -140,11 +141,12 @@ def left_gripper_holds_cube(env: AlohaTransferCube) -> bool:
 
 
 def rollout_expert(seed: int, *, render: bool = False, height: int = 480, width: int = 640,
-                   steps: int = EPISODE_STEPS) -> ExpertEpisode:
+                   steps: int = EPISODE_STEPS, render_quality: RenderQuality = "high") -> ExpertEpisode:
     """One scripted episode of `steps` frames; frame t is the observation before action t."""
     if steps < 1:
         raise UserError(f"an expert episode needs at least 1 step, got {steps}")
-    env = AlohaTransferCube(height=height, width=width, cameras=(CAMERA,) if render else ())
+    env = AlohaTransferCube(height=height, width=width, cameras=(CAMERA,) if render else (),
+                            render_quality=render_quality)
     try:
         observation, _ = env.reset(seed=seed)
         solvers = {arm: ArmIK(env.model, arm) for arm in ARMS}

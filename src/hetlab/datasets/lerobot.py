@@ -56,7 +56,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self.root = Path(root)
         self.action_horizon, self.image_size, self.float_images = action_horizon, image_size, float_images
         self.decode_threads = decode_threads
-        self.info = _load_info(self.root)
+        self.info = load_info(self.root)
         self.fps = self.info["fps"]
         self.video_keys = [key for key, ft in self.info["features"].items() if ft["dtype"] == "video"]
         if self.video_keys:
@@ -174,7 +174,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 reader.close()
 
 
-def _load_info(root: Path) -> dict:
+def load_info(root: Path) -> dict:
     path = root / INFO_PATH
     if not root.is_dir():
         raise UserError(f"{root}: no such dataset directory; record one with `hetlab aloha record` or give the "
@@ -224,6 +224,22 @@ def _load_episode_rows(root: Path, video_keys: list[str]) -> dict[int, dict]:
         for row in _read_parquet(path, needed).to_pylist():
             rows[row["episode_index"]] = row
     return rows
+
+
+def episode_seeds(root: Path | str, episodes: Sequence[int]) -> dict[int, int]:
+    """The environment seed each of `episodes` was recorded from (hetlab's `seed` column), by episode."""
+    root = Path(root)
+    seeds = {}
+    for path in sorted((root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
+        for row in _read_parquet(path, ["episode_index", "seed"]).to_pylist():
+            seeds[row["episode_index"]] = row["seed"]
+    absent = [e for e in episodes if e not in seeds]
+    if absent:
+        raise UserError(f"{root}: episode(s) {absent} out of range; the dataset has {len(seeds)} episodes")
+    missing = [e for e in episodes if seeds[e] is None]
+    if missing:
+        raise UserError(f"{root}: episode(s) {missing} name no environment seed (not recorded by `hetlab aloha record`)")
+    return {e: seeds[e] for e in episodes}
 
 
 def _select(root: Path, rows: dict[int, dict], episodes: Sequence[int] | None) -> list[int]:

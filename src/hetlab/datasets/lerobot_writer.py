@@ -55,12 +55,13 @@ class DatasetSpec:
     cameras: tuple[str, ...]  # video feature keys, e.g. "observation.images.top"
     height: int
     width: int
+    camera_info: tuple[tuple[str, str | int], ...] = ()  # more keys for each camera's `info` (how it was made)
 
     def features(self) -> dict:
         """info.json's `features`: the cameras, state and action, then the per-frame indices."""
         video_info = {"video.height": self.height, "video.width": self.width, "video.codec": CODEC_NAME,
                       "video.pix_fmt": PIX_FMT, "video.is_depth_map": False, "video.fps": self.fps,
-                      "video.channels": 3, "has_audio": False}
+                      "video.channels": 3, "has_audio": False, **dict(self.camera_info)}
         features = {key: {"dtype": "video", "shape": [self.height, self.width, 3],
                           "names": ["height", "width", "channels"], "info": dict(video_info)}
                     for key in self.cameras}
@@ -221,8 +222,8 @@ class LeRobotWriter:
             raise UserError(f"{info_path}: codebase_version {info.get('codebase_version')!r}, hetlab appends only "
                             f"to {CODEBASE_VERSION} datasets; record into a new directory")
         if info.get("fps") != self.spec.fps or info.get("features") != self.spec.features():
-            raise UserError(f"{self.root} holds a dataset recorded with other settings (fps, image size or "
-                            "features differ from this recording's); record into a new directory or use the "
+            raise UserError(f"{self.root} holds a dataset recorded with other settings (fps, image size, render "
+                            "quality or features differ from this recording's); record into a new directory or use the "
                             "settings it was made with")
         shutil.rmtree(self.staging_dir, ignore_errors=True)
         for kind in ("meta", "data", "videos"):

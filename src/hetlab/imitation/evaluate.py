@@ -23,9 +23,10 @@ import torch
 import tyro
 
 from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
+from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
-from hetlab.imitation.phase_a import load_policy, read_run_config
+from hetlab.imitation.phase_a import load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
 from hetlab.runtime.workers import WorkerPool
@@ -37,7 +38,10 @@ VIDEO_FPS = 50
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]  # a trained AR-Actor run (phase A or B)
-    seeds: str = "2000-2299"  # environment seeds: A-B, N, or a,b,c
+    seeds: str = "2000-2049"  # environment seeds: A-B, N, or a,b,c (recordings start at 0, so these are held out)
+    # Allow seeds the run's training episodes were recorded from (a memorisation check); the report
+    # then does not call them held out.
+    on_training_seeds: bool = False
     workers: int = 0  # episode processes; 0 = one per core
     videos: int = 3  # mp4s of the first K seeds
     replan_every: int = 0  # steps between generated chunks; 0 = the whole chunk (with --temporal-ensemble: 1, as ACT)
@@ -86,6 +90,35 @@ def load_eval_policy(run_dir: Path):
     return load_policy(run_dir)[0]
 
 
+def training_seeds(config: dict, more_episodes: str | None = None) -> set[int] | None:
+    """The environment seeds of the episodes a run (and, for Phase B, its Phase-A run) trained on,
+    with `more_episodes` of the same dataset; None when the dataset is no longer there to say."""
+    runs = [config]
+    if config["phase"] == "B":
+        runs.insert(0, read_run_config(Path(config["phase_b"]["from_run"])))
+    dataset = Path(runs[0]["phase_a"]["dataset"])
+    if not dataset.is_dir():
+        return None
+    lists = [run[f"phase_{run['phase'].lower()}"]["train_episodes"] for run in runs] + [more_episodes or ""]
+    episodes = {e for text in lists if text for e in parse_seeds(text, "--train-episodes")}
+    return set(episode_seeds(dataset, sorted(episodes)).values())
+
+
+def check_seeds_held_out(seeds: list[int], trained_on: set[int] | None, option: str, otherwise: str = "") -> None:
+    """UserError if any of `seeds` is one the training episodes were recorded from (`trained_on`)."""
+    overlap = sorted(set(seeds) & (trained_on or set()))
+    if overlap:
+        named = ", ".join(map(str, overlap[:8])) + (f" and {len(overlap) - 8} more" if len(overlap) > 8 else "")
+        raise UserError(f"{option} {named}: the training episodes were recorded from these seeds, so they are not "
+                        f"held out; evaluate on others (e.g. 2000-2049){otherwise}")
+
+
+def eval_env(config: dict) -> AlohaTransferCube:
+    """The task as a run's images were made: its image size and render quality."""
+    height, width = config["image_size"]
+    return AlohaTransferCube(height=height, width=width, render_quality=run_render_quality(config))
+
+
 def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_frames: list | None = None) -> dict:
     observation, _ = env.reset(seed=seed)
     policy.reset()
@@ -104,11 +137,11 @@ def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_fr
 class _EpisodeRunner:
     """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
 
-    def __init__(self, run: Path, height: int, width: int, replan_every: int, temporal_ensemble: float | None,
-                 max_steps: int, video_seeds: set[int], video_dir: Path):
+    def __init__(self, run: Path, config: dict, replan_every: int, temporal_ensemble: float | None, max_steps: int,
+                 video_seeds: set[int], video_dir: Path):
         torch.set_num_threads(1)  # one worker per core
         self.policy = ChunkPolicy(load_eval_policy(run), replan_every, temporal_ensemble)
-        self.env = AlohaTransferCube(height=height, width=width)
+        self.env = eval_env(config)
         self.max_steps, self.video_seeds, self.video_dir = max_steps, video_seeds, video_dir
 
     def run(self, seed: int) -> dict:
@@ -133,12 +166,15 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         raise UserError(f"--videos must be ≥ 0, got {cfg.videos}")
     if not 1 <= cfg.max_steps <= EPISODE_STEPS:
         raise UserError(f"--max-steps must be in 1..{EPISODE_STEPS} (the task's episode length), got {cfg.max_steps}")
-    height, width = config["image_size"]
+    trained_on = training_seeds(config)
+    if not cfg.on_training_seeds:
+        check_seeds_held_out(seeds, trained_on, "--seeds", " or pass --on-training-seeds to measure memorisation")
+    held_out = None if trained_on is None else not set(seeds) & trained_on
     out = cfg.out or Path(cfg.run) / "eval" / cfg.seeds.replace(",", "_")
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
-    runner = (Path(cfg.run), height, width, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
+    runner = (Path(cfg.run), config, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
               set(seeds[:cfg.videos]), video_dir)
     started = time.perf_counter()
     per_seed: list[dict] = []
@@ -154,6 +190,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config["model"]["chunk"])
     report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": replan_every,
               "temporal_ensemble": cfg.temporal_ensemble, "max_steps": cfg.max_steps,
+              "held_out": held_out,
               "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),
               "wilson95": [low, high], "per_seed": per_seed}
     write_text_atomic(out / "results.json", json.dumps(report, indent=2))

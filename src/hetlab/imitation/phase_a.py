@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from hetlab.aloha.record import CAMERA_KEY
+from hetlab.aloha.record import CAMERA_KEY, recorded_render_quality
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import LearnerDevice, cpu_count, pick_device
@@ -49,9 +49,11 @@ class Preset:
 PRESETS = {
     # The study's setting: full-size images, 200k steps of batch 8 at lr 1e-5 (a GPU job).
     "paper": Preset(480, 640, 200_000, 1e-5, ARActorConfig(), 5000, 100),
-    # Fits ≤ 30 min on a 2-core CPU: the full-size model on 120×160 images (4×5 image tokens),
-    # fewer steps, and a 10× learning rate so the loss falls visibly in that budget.
-    "cpu": Preset(120, 160, 1000, 1e-4, ARActorConfig(), 250, 10),
+    # ≤ 2 h on a 2-core CPU: 120×160 images (4×5 image tokens) and a transformer narrowed to
+    # d_model 256 (the full-width one costs 3× more a step, almost all of it in the action
+    # expert), so 16k steps fit; a 10× learning rate. The backbone stays the full ResNet18.
+    "cpu": Preset(120, 160, 16_000, 1e-4, ARActorConfig(d_model=256, feedforward=1024, expert_feedforward=1024),
+                  2000, 10),
     # Seconds, for tests and smoke checks: a narrow model on 64×96 images.
     "tiny": Preset(64, 96, 200, 1e-3, ARActorConfig(d_model=32, heads=2, feedforward=64, expert_feedforward=64,
                                                     backbone_width=8, chunk=10, dropout=0.0), 100, 10),
@@ -61,7 +63,7 @@ PRESETS = {
 @dataclass(frozen=True, kw_only=True)
 class PhaseAConfig:
     dataset: Path | None = None  # LeRobot v3 dataset of the cube transfer (`hetlab aloha record`)
-    preset: Literal["paper", "cpu", "tiny"] = "cpu"
+    preset: Literal["paper", "cpu", "tiny"] | None = None  # None: cpu for a new run, a resumed run's own
     steps: int | None = None  # optimizer steps; default: the preset's
     batch: int = 8
     lr: float | None = None  # default: the preset's
@@ -69,7 +71,7 @@ class PhaseAConfig:
     grad_clip: float = 10.0
     train_episodes: str = "0-39"  # 40–49 stay held out (Phase B measures fidelity on them)
     seed: int = 0
-    loader_workers: int = 1  # processes decoding video; 0 = in the training process
+    loader_workers: int = 0  # processes decoding video; 0 = in the training process (~1 ms a frame)
     device: str = "auto"
     imagenet_weights: Path | None = None  # torchvision resnet18 weights (.pth/.safetensors) for the backbone
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPUs that have it
@@ -85,7 +87,7 @@ class PhaseAConfig:
             raise UserError(f"--steps must be ≥ 1, got {self.steps}")
         if self.lr is not None and not self.lr > 0:
             raise UserError(f"--lr must be > 0, got {self.lr}")
-        preset = PRESETS[self.preset]
+        preset = PRESETS[self.preset or "cpu"]
         return dataclasses.replace(preset, steps=preset.steps if self.steps is None else self.steps,
                                    lr=preset.lr if self.lr is None else self.lr)
 
@@ -121,12 +123,15 @@ def dropout_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step + 500_000
 
 
-def open_dataset(path: Path | None, episodes: str, image_size: tuple[int, int], chunk: int) -> LeRobotDataset:
-    """The training frames, after checking the dataset has what the policy reads."""
+def open_dataset(path: Path | None, episodes: str, image_size: tuple[int, int], chunk: int,
+                 expected_by: str, render_quality: str | None = None) -> LeRobotDataset:
+    """The training frames, after checking the dataset has what the policy reads, recorded at the
+    size (and render quality, when given) that `expected_by` (e.g. "the cpu preset") renders at."""
     if path is None:
         raise UserError("--dataset is required: a LeRobot v3 cube-transfer dataset (make one with `hetlab aloha record`)")
     dataset = LeRobotDataset(path, parse_seeds(episodes, "--train-episodes"), action_horizon=chunk,
                              image_size=image_size)
+    check_recording(dataset.info, path, image_size, render_quality, expected_by)
     features = dataset.info["features"]
     for key, shape in ((STATE, [14]), (ACTION, [14])):
         if key not in features or list(features[key]["shape"]) != shape:
@@ -136,6 +141,27 @@ def open_dataset(path: Path | None, episodes: str, image_size: tuple[int, int], 
         raise UserError(f"{path}: the AR-Actor reads the {CAMERA_KEY} camera; this dataset has "
                         f"{', '.join(dataset.video_keys) or 'no cameras'}")
     return dataset
+
+
+def check_recording(info: dict, path: Path, image_size: tuple[int, int], render_quality: str | None,
+                    expected_by: str) -> None:
+    """UserError unless the dataset's camera was recorded at `image_size` and `render_quality`:
+    evaluation renders the run's size and quality, so frames made otherwise would not transfer."""
+    camera = info["features"].get(CAMERA_KEY)
+    if camera is None:
+        return  # open_dataset names the missing camera
+    recorded = (tuple(camera["shape"][:2]), recorded_render_quality(info))
+    wanted = (tuple(image_size), render_quality or recorded[1])
+    if recorded != wanted:
+        (h, w), quality = wanted
+        raise UserError(f"{path} was recorded at {recorded[0][0]}×{recorded[0][1]} with render quality {recorded[1]}; "
+                        f"{expected_by} expects {h}×{w} at {quality} (record one with `hetlab aloha record "
+                        f"--height {h} --width {w} --render-quality {quality}`)")
+
+
+def run_render_quality(config: dict) -> str:
+    """The render quality a Phase-A or Phase-B run's images were made at ("high" before the setting)."""
+    return config.get("render_quality", "high")
 
 
 def device_batch(batch: dict, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,14 +245,19 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         saved = read_phase_a_config(run_dir, "--resume continues a Phase-A run")
         state = load_checkpoint(run_dir)
         restored = config_from_json(saved, run_dir)
+        refuse_changed_options(cfg, restored, run_dir)
         cfg = dataclasses.replace(restored, steps=cfg.steps or restored.steps, max_seconds=cfg.max_seconds,
                                   resume=cfg.resume)
+    else:
+        cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu")
     preset = cfg.resolved
     device = pick_device(cfg.device)
     threads_before = torch.get_num_threads()
     if not device.is_accelerator:  # the loader's decoding processes need cores too; oversubscribed torch crawls
         torch.set_num_threads(max(1, cpu_count() - cfg.loader_workers))
-    dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk)
+    dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk,
+                           f"the {cfg.preset} preset" if state is None else f"run {run_dir}",
+                           None if state is None else run_render_quality(saved))
     torch.manual_seed(cfg.seed)
     if state is not None:
         model_cfg = ARActorConfig(**saved["model"])  # the run's own model, its batch norm included
@@ -246,7 +277,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir.mkdir(parents=True)
         config = {"kind": RUN_KIND, "phase": "A", "model": dataclasses.asdict(model_cfg),
-                  "image_size": [preset.height, preset.width],
+                  "image_size": [preset.height, preset.width], "render_quality": recorded_render_quality(dataset.info),
                   "phase_a": {**json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "steps": preset.steps}}
         write_text_atomic(run_dir / "config.json", json.dumps(config, indent=2))
     print(run_dir, flush=True)  # first line: where everything goes
@@ -310,6 +341,22 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         checkpoint()
     _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)
     return run_dir
+
+
+RESUME_MAY_CHANGE = ("steps", "max_seconds", "resume")
+
+
+def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir: Path) -> None:
+    """A resumed run continues with its own options; one given that differs from them is refused,
+    not ignored (e.g. another preset, whose model the checkpoint does not fit)."""
+    defaults = PhaseAConfig()
+    for option in dataclasses.fields(PhaseAConfig):
+        name = option.name
+        value = getattr(given, name)
+        if name not in RESUME_MAY_CHANGE and value != getattr(defaults, name) and value != getattr(restored, name):
+            raise UserError(f"--{name.replace('_', '-')} {value}: {run_dir} was trained with "
+                            f"{getattr(restored, name)} and a resumed run keeps its options (only --steps and "
+                            "--max-seconds may change); drop it, or start a new run")
 
 
 def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:

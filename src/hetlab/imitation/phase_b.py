@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
-                                  open_dataset, read_run_config, step_generator)
+                                  open_dataset, read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
@@ -248,7 +248,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     device = pick_device(cfg.device)
     torch_device = torch.device(device.torch_device)
     height, width = phase_a["image_size"]
-    dataset = open_dataset(Path(phase_a["phase_a"]["dataset"]), cfg.train_episodes, (height, width), model.cfg.chunk)
+    dataset = open_dataset(Path(phase_a["phase_a"]["dataset"]), cfg.train_episodes, (height, width), model.cfg.chunk,
+                           f"Phase-A run {cfg.from_run}", run_render_quality(phase_a))
     meters, unavailable = _meters(cfg)
     # Made (exported, calibrated) before the run exists, so a missing provider or bad calibration
     # episodes stop here. It runs in the producer thread; learner-only encodes in its own step.
@@ -260,6 +261,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.json", json.dumps(
         {"kind": RUN_KIND, "phase": "B", "model": phase_a["model"], "image_size": phase_a["image_size"],
+         "render_quality": run_render_quality(phase_a),
          "phase_b": json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(cfg, resume=None)), default=str))},
         indent=2))
     print(run_dir, flush=True)

@@ -37,8 +37,9 @@ import tyro
 from hetlab.aloha.env import EPISODE_STEPS
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
-from hetlab.imitation.evaluate import EvalConfig, evaluate
-from hetlab.imitation.phase_a import load_policy, read_run_config
+from hetlab.imitation.evaluate import EvalConfig, check_seeds_held_out, evaluate, training_seeds
+from hetlab.datasets.lerobot import load_info
+from hetlab.imitation.phase_a import check_recording, load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
@@ -62,7 +63,7 @@ class StudyConfig:
     conditions: str = ",".join(CONDITIONS)
     seeds: str = "2000,2001,2002"  # training seeds
     steps: int = 30_000  # Phase-B steps per condition and seed
-    eval_seeds: str = "2000-2299"
+    eval_seeds: str = "2000-2049"  # environment seeds, held out from every training episode
     eval_workers: int = 0  # 0 = one per core
     eval_max_steps: int = EPISODE_STEPS  # steps per evaluation episode (the task's 400)
     eval_replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
@@ -124,10 +125,12 @@ def _train(cfg: PhaseBConfig) -> None:
 def run_study(cfg: StudyConfig, progress=None) -> Path:
     """Train, evaluate, report; returns the path of report.md."""
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)
-    parse_seeds(cfg.eval_seeds, "--eval-seeds")
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
                    parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
     phase_a = read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
+    # The report calls the evaluation seeds held out: neither phase may have trained on them.
+    check_seeds_held_out(parse_seeds(cfg.eval_seeds, "--eval-seeds"), training_seeds(phase_a, cfg.train_episodes),
+                         "--eval-seeds")
     chunk = phase_a["model"]["chunk"]
     if not 0 <= cfg.eval_replan_every <= chunk:
         raise UserError(f"--eval-replan-every must be in 0..{chunk} (the chunk), got {cfg.eval_replan_every}")
@@ -213,5 +216,7 @@ def phase_a_fidelity(run_dir: Path, boundaries, dataset: Path | None = None, *,
     dataset = dataset or config["phase_a"].get("dataset")
     if dataset is None:
         raise UserError(f"{run_dir}: the run does not name its dataset; pass the cube-transfer dataset (--dataset)")
+    check_recording(load_info(Path(dataset)), Path(dataset), tuple(config["image_size"]), run_render_quality(config),
+                    f"run {run_dir}")
     return fidelity(model.visual, tuple(config["image_size"]), Path(run_dir) / "offload", dataset, boundaries,
                     calibration_episodes=calibration_episodes, heldout_episodes=heldout_episodes, **options)
