@@ -1,46 +1,113 @@
-"""The imitation half end to end on a CPU box, as the README reports it:
+"""The imitation half end to end on a CPU machine, as the README reports it:
 
-    .venv/bin/python benchmarks/imitation_cpu.py [--dataset datasets/aloha-120x160] [--study-steps 100]
-                                                 [--eval-seeds 2000-2019] [--study-eval-seeds 2000-2009]
+    .venv/bin/python benchmarks/imitation_cpu.py [--dataset datasets/aloha-120x160-fast] [--phase-a RUN]
+        [--curve-seeds 2000-2019] [--eval-seeds 2000-2049] [--study-steps 2000] [--skip-study]
 
-1. records the 50-episode cube-transfer dataset at 120×160 (skipped when it is complete),
-2. trains Phase A with the `cpu` preset (skipped with --phase-a RUN),
-3. evaluates that checkpoint closed loop,
-4. measures INT8 fidelity at boundaries 1–4,
-5. runs a reduced Phase-B study: all six conditions, one training seed.
-Each step is a `hetlab` command run alone, one after another; the printed lines are its results.
+1. records the 50-episode cube-transfer dataset at 120×160, render quality fast (kept if complete);
+2. trains Phase A with the `cpu` preset on episodes 0–39, keeping every checkpoint (or takes --phase-a RUN);
+3. the success-vs-steps curve: each kept checkpoint evaluated closed loop on --curve-seeds;
+4. the last checkpoint on the held-out --eval-seeds three ways: open-loop chunks, a new chunk every
+   25 steps, and ACT's temporal ensembling (m = 0.01, a new chunk every --ensemble-every steps);
+5. the reduced Phase-B study on the same seeds: learner, L1–L4 INT8, cache, one training seed.
+Each step is a `hetlab` command (run alone: other jobs change the times); finished steps are reused.
+Writes runs/benchmarks/imitation_cpu.{json,md} and success_vs_steps.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--dataset", type=Path, default=Path("datasets/aloha-120x160"))
-parser.add_argument("--phase-a", type=Path, help="an existing Phase-A run to start from")
-parser.add_argument("--eval-seeds", default="2000-2019")
-parser.add_argument("--study-steps", type=int, default=100)
-parser.add_argument("--study-seeds", default="2000")
-parser.add_argument("--study-eval-seeds", default="2000-2009")
+parser.add_argument("--dataset", type=Path, default=Path("datasets/aloha-120x160-fast"))
+parser.add_argument("--phase-a", type=Path, help="an existing Phase-A run (trained with --keep-checkpoints 0)")
+parser.add_argument("--curve-seeds", default="2000-2019")
+parser.add_argument("--eval-seeds", default="2000-2049")
+parser.add_argument("--ensemble-every", type=int, default=5)
+parser.add_argument("--study-steps", type=int, default=2000)
+parser.add_argument("--skip-study", action="store_true")
+parser.add_argument("--out", type=Path, default=Path("runs/benchmarks"))
 args = parser.parse_args()
 hetlab = str(Path(sys.executable).with_name("hetlab"))
 
 
 def run(*command: str) -> str:
     print("$ hetlab", " ".join(command), flush=True)
+    started = time.perf_counter()
     done = subprocess.run([hetlab, *command], check=True, stdout=subprocess.PIPE, text=True)
-    print(done.stdout, flush=True)
+    print(done.stdout.rstrip(), f"\n({time.perf_counter() - started:.0f} s)", flush=True)
     return done.stdout
 
 
+def evaluation(run_dir: Path, seeds: str, *options: str, step: int | None = None) -> dict:
+    """results.json of one evaluation, reused if it was made already with these settings."""
+    name = "-".join([seeds.replace(",", "_"), *(o.lstrip("-") for o in options)] + ([f"step{step}"] if step else []))
+    out = run_dir / "eval" / name
+    if not (out / "results.json").is_file():
+        run("aloha", "eval", str(run_dir), "--seeds", seeds, "--videos", "0", "--out", str(out), *options,
+            *(["--checkpoint", str(step)] if step else []))
+    return json.loads((out / "results.json").read_text())
+
+
+def rate(results: dict) -> str:
+    low, high = results["wilson95"]
+    return f"{results['successes']}/{results['episodes']} ({100 * results['success_rate']:.0f} %, " \
+           f"Wilson 95 % {100 * low:.0f}–{100 * high:.0f} %)"
+
+
+args.out.mkdir(parents=True, exist_ok=True)
+report: dict = {}
 run("aloha", "record", "--episodes", "50", "--out", str(args.dataset), "--height", "120", "--width", "160",
-    "--workers", "2")
-phase_a = args.phase_a or Path(run("aloha", "train", "--dataset", str(args.dataset), "--preset", "cpu",
-                                   "--loader-workers", "0").splitlines()[0])
-run("aloha", "eval", str(phase_a), "--seeds", args.eval_seeds, "--videos", "2")
-run("offload", "fidelity", str(phase_a), "--boundaries", "1,2,3,4")
-run("offload", "study", "--from", str(phase_a), "--seeds", args.study_seeds, "--steps", str(args.study_steps),
-    "--eval-seeds", args.study_eval_seeds)
+    "--render-quality", "fast", "--workers", "0")
+phase_a = args.phase_a
+if phase_a is None:
+    phase_a = Path(run("aloha", "train", "--dataset", str(args.dataset), "--preset", "cpu", "--keep-checkpoints", "0",
+                       "--runs-dir", "runs").splitlines()[0])
+history = [json.loads(line) for line in (phase_a / "history.jsonl").read_text().splitlines()]
+report["phase_a"] = {"run": str(phase_a), "steps": history[-1]["step"], "wall_s": history[-1]["wall_s"],
+                     "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"]}
+
+steps = sorted(int(p.name.partition("-")[0]) for p in (phase_a / "checkpoints").iterdir() if p.name[0].isdigit())
+curve = [(step, evaluation(phase_a, args.curve_seeds, step=step)) for step in steps]
+report["curve"] = [{"step": step, "wall_s": next(r["wall_s"] for r in history if r["step"] >= step),
+                    "successes": r["successes"], "episodes": r["episodes"], "wilson95": r["wilson95"]}
+                   for step, r in curve]
+
+modes = {"open loop (chunk of 100)": (), "new chunk every 25 steps": ("--replan-every", "25"),
+         f"temporal ensembling m=0.01, new chunk every {args.ensemble_every}":
+             ("--temporal-ensemble", "0.01", "--replan-every", str(args.ensemble_every))}
+report["held_out"] = {mode: evaluation(phase_a, args.eval_seeds, *options) for mode, options in modes.items()}
+
+if not args.skip_study:
+    study = run("offload", "study", "--from", str(phase_a), "--seeds", "2000", "--steps", str(args.study_steps),
+                "--eval-seeds", args.eval_seeds)
+    report["study"] = study.strip().splitlines()[-1]
+
+import matplotlib  # noqa: E402  (only the plot needs it)
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+figure, axis = plt.subplots(figsize=(6, 3.5))
+rows = report["curve"]
+axis.errorbar([r["step"] for r in rows], [100 * r["successes"] / r["episodes"] for r in rows],
+              yerr=[[100 * (r["successes"] / r["episodes"] - r["wilson95"][0]) for r in rows],
+                    [100 * (r["wilson95"][1] - r["successes"] / r["episodes"]) for r in rows]], marker="o", capsize=3)
+axis.set(xlabel="Phase-A step (batch 8)", ylabel=f"success on seeds {args.curve_seeds} (%)", ylim=(0, 100),
+         title="cpu preset: closed-loop success along training")
+axis.grid(alpha=0.3)
+figure.tight_layout()
+figure.savefig(args.out / "success_vs_steps.png", dpi=120)
+
+(args.out / "imitation_cpu.json").write_text(json.dumps(report, indent=2, default=str))
+lines = ["| step | wall (min) | success on " + args.curve_seeds + " |", "|---:|---:|---|"]
+lines += [f"| {r['step']} | {r['wall_s'] / 60:.0f} | {rate({**r, 'success_rate': r['successes'] / r['episodes']})} |"
+          for r in rows]
+lines += ["", f"| evaluation on {args.eval_seeds} | success |", "|---|---|"]
+lines += [f"| {mode} | {rate(results)} |" for mode, results in report["held_out"].items()]
+(args.out / "imitation_cpu.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))

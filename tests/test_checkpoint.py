@@ -13,6 +13,7 @@ import torch
 
 import hetlab.checkpoint as checkpoint
 from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
+from hetlab.errors import UserError
 
 
 def state(value: float) -> dict:
@@ -69,6 +70,18 @@ def test_the_newest_are_kept_and_other_files_left_alone(tmp_path):
         save_checkpoint(tmp_path, iteration, state(float(iteration)))
     assert sorted(p.name for p in checkpoints.iterdir()) == [".DS_Store", *[f"{i:07d}" for i in range(5 - KEEP, 5)]]
     assert named(tmp_path) == "0000004"
+
+
+def test_keep_zero_keeps_every_checkpoint_and_any_kept_one_loads_by_iteration(tmp_path):
+    for iteration in (100, 200, 300):
+        save_checkpoint(tmp_path, iteration, state(float(iteration)), keep=0)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0000100", "0000200", "0000300"]
+    assert load_checkpoint(tmp_path)["weights"][0] == 300.0
+    assert load_checkpoint(tmp_path, 100)["weights"][0] == 100.0
+    save_checkpoint(tmp_path, 200, state(2.5), keep=0)  # a second save of 200 is read, not the first
+    assert load_checkpoint(tmp_path, 200)["weights"][0] == 2.5
+    with pytest.raises(UserError, match=r"keeps no checkpoint of step 150; it keeps step\(s\) 100, 200, 300"):
+        load_checkpoint(tmp_path, 150)
 
 
 def test_every_file_is_on_disk_before_checkpoint_json_names_it(tmp_path, monkeypatch):

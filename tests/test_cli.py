@@ -62,6 +62,7 @@ def test_bench_sim_json_has_the_promised_keys_and_consistent_efficiency():
         (["bench", "sim", "--envs", "0", "--seconds", "1"], "--envs must be at least 1"),
         (["bench", "sim", "--threads", str(len(os.sched_getaffinity(0)) + 1), "--seconds", "1"], "use at most"),
         (["info", "--device", "mps"], "not available on this machine"),
+        (["play", "/no/such/run", "--width", "0"], "--width and --height must be positive and even"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(args, message):
@@ -78,3 +79,9 @@ def test_aloha_params_prints_the_study_split():
     assert split["total"] == sum(v for k, v in split.items() if k != "total")
     table = run("aloha", "params").stdout
     assert "15×20 image tokens" in table and "51.50 M" in table
+
+
+def test_version_is_the_packages():
+    import hetlab
+
+    assert run("--version").stdout == f"hetlab {hetlab.__version__}\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import shutil
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import av
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -45,8 +48,16 @@ def real_observations(steps: int = 10, envs: int = 8) -> np.ndarray:
 
 
 def test_export_matches_the_torch_actor_at_any_batch_size(run_dir):
-    path = export_onnx(run_dir)
+    exported = export_onnx(run_dir)
+    path = exported.path
     assert path == run_dir / "policy.onnx" and path.stat().st_size > 0
+    assert 0 <= exported.max_error <= 1e-5 and exported.real_observations == 9 * 32
+    # The file explains itself: task, sizes, the task's settings, checkpoint and parity.
+    properties = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert properties == exported.metadata
+    assert properties["hetlab.task"] == "cartpole-balance" and properties["hetlab.obs"] == "policy [5]"
+    assert json.loads(properties["hetlab.task_config"])["num_envs"] == 1
+    assert properties["hetlab.checkpoint"].startswith(str(run_dir / "checkpoints"))
     assert not list(run_dir.glob(".policy*")) and not list(run_dir.glob("*.data"))  # one file, no leftovers
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (inp,), (out,) = session.get_inputs(), session.get_outputs()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -26,6 +27,12 @@ def train(tmp_path: Path, *args: str, timeout: float = 300, env: dict | None = N
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return Path(result.stdout.splitlines()[0]), result
+
+
+def torch_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("torch")
 
 
 def segments_of(pid: int) -> list[str]:
@@ -65,8 +72,22 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
         assert key in summary, key
     assert summary["env_steps"] == 4 * 16 * 8
     assert 0.0 <= summary["learner_idle_fraction"] <= 1.0
+    # Each iteration's own rate beside the launch's running average, on the console as in the history.
+    history = json.loads((run_dir / "history.json").read_text())
+    for before, row in zip(history, history[1:]):
+        own = (row["env_steps"] - before["env_steps"]) / (row["wall_seconds"] - before["wall_seconds"])
+        assert row["iteration_env_steps_per_s"] == pytest.approx(own)
+    assert history[0]["iteration_env_steps_per_s"] == history[0]["env_steps_per_s"]
+    last = history[-1]
+    assert f"{last['iteration_env_steps_per_s']:7,.0f} steps/s (avg {last['env_steps_per_s']:7,.0f})" in result.stdout
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task"] == "cartpole-balance" and config["horizon"] == 8
+    assert config["device"] == "cpu" and list(config["algos"]) == ["ppo"]  # resolved, and the chosen algorithm's
+    [launch] = json.loads((run_dir / "meta.json").read_text())["launches"]  # what made the run
+    assert launch["command"][:2] == ["hetlab", "train"] and "--max-iterations" in launch["command"]
+    assert launch["hardware"]["cores"] == len(os.sched_getaffinity(0)) and launch["hardware"]["learner_device"] == "cpu"
+    assert launch["libraries"]["torch"] == torch_version() and launch["python"] == platform.python_version()
+    assert launch["git"] is None or len(launch["git"]["commit"]) == 40
     trace = json.loads((run_dir / "trace.json").read_text())
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {e["name"] for e in events} >= {"env_step", "inference", "update", "wait_data", "transfer"}
@@ -89,6 +110,8 @@ def test_sync_resume_is_exact(tmp_path, assert_same_weights):
     assert summary["iterations"] == 6 and summary["env_steps"] == 6 * 16 * 8
     assert [s["iterations"] for s in summary["sessions"]] == [3, 3]
     assert [s["first_iteration"] for s in summary["sessions"]] == [0, 3]
+    launches = json.loads((resumed / "meta.json").read_text())["launches"]
+    assert ["--resume" in launch["command"] for launch in launches] == [False, True]
     history = json.loads((resumed / "history.json").read_text())
     assert [row["iteration"] for row in history] == list(range(6))
     walls = [row["wall_seconds"] for row in history]
@@ -181,6 +204,8 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--algo", "sac", "--off-policy.replay-capacity", "100"], "--off-policy.replay-capacity"),
         (["--algo", "sac", "--sac.updates-per-step", "0.25", "--off-policy.lead", "2"], "use at least 5"),
         (["--algo", "sac", "--off-policy.replay-capacity", "100000000000"], "needs"),  # ~100 TB of replay
+        (["--max-seconds", "-3"], "--max-seconds must be ≥ 0 (0 = no limit), got -3.0"),
+        (["--seed", "-1"], "--seed must be ≥ 0, got -1"),
     ],
 )
 def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):
@@ -241,7 +266,8 @@ def test_off_policy_inference_runs_in_the_collectors_or_on_the_learner(tmp_path,
     assert history[-1]["env_steps"] >= 16 * (5 + 6 * 8 // 2)  # warm-up plus what the updates paid for
     if inference == "collector":  # an off-policy actor exports like an on-policy one
         exported = subprocess.run([HETLAB, "export", str(run_dir)], capture_output=True, text=True, timeout=120)
-        assert exported.returncode == 0 and Path(exported.stdout.strip()).is_file(), exported.stderr[-2000:]
+        assert exported.returncode == 0 and Path(exported.stdout.splitlines()[0]).is_file(), exported.stderr[-2000:]
+        assert "max |Δ action| = " in exported.stdout and "(tolerance 1e-05)" in exported.stdout
 
 
 def test_off_policy_resume_refills_the_replay_buffer(tmp_path):

@@ -58,8 +58,9 @@ def _unflatten(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
-                    write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write `state` (and whatever `write_extra(directory)` puts beside it) as one checkpoint."""
+                    write_extra: Callable[[Path], None] | None = None, keep: int = KEEP) -> Path:
+    """Write `state` (and whatever `write_extra(directory)` puts beside it) as one checkpoint; the
+    `keep` newest stay (0: every one)."""
     checkpoints = run_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     final = checkpoints / _fresh_name(iteration, _named(run_dir))
@@ -78,24 +79,21 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": final.name, "iteration": iteration}))
-    for old in _superseded(checkpoints, final):  # only now that the pointer has moved
+    for old in _superseded(checkpoints, final, keep):  # only now that the pointer has moved
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _superseded(checkpoints: Path, final: Path) -> list[Path]:
-    """What a save of `final` makes obsolete: the other checkpoint of its iteration, those beyond the KEEP
-    newest, and temporary directories a crash left behind."""
+def _superseded(checkpoints: Path, final: Path, keep: int) -> list[Path]:
+    """What a save of `final` makes obsolete: the other checkpoint of its iteration, those beyond the `keep`
+    newest (0: none), and temporary directories a crash left behind."""
     entries = list(checkpoints.iterdir())
     saved = [p for p in entries if CHECKPOINT_NAME.fullmatch(p.name)]
-    replaced = [p for p in saved if p != final and _iteration(p) == _iteration(final)]
-    newest = sorted((p for p in saved if p not in replaced), key=_iteration)
+    replaced = [p for p in saved if p != final and checkpoint_iteration(p) == checkpoint_iteration(final)]
+    newest = sorted((p for p in saved if p not in replaced), key=checkpoint_iteration)
     temporaries = [p for p in entries if CHECKPOINT_NAME.fullmatch(temporary_target(p) or "")]
-    return replaced + [p for p in newest[:-KEEP] if p != final] + temporaries
-
-
-def _iteration(checkpoint: Path) -> int:
-    return int(checkpoint.name.partition("-")[0])
+    older = newest[:-keep] if keep else []
+    return replaced + [p for p in older if p != final] + temporaries
 
 
 def _fresh_name(iteration: int, named: str | None) -> str:
@@ -112,19 +110,33 @@ def _named(run_dir: Path) -> str | None:
         return None
 
 
-def checkpoint_dir(run_dir: Path) -> Path:
-    """The directory of the run's newest checkpoint."""
+def checkpoint_dir(run_dir: Path, iteration: int | None = None) -> Path:
+    """The directory of the run's newest checkpoint, or of the one saved at `iteration`."""
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
         raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
     try:
-        return run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
+        newest = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{pointer} is corrupt ({e}); write {{\"latest\": \"<a directory in checkpoints/>\"}} into it") from e
+    if iteration is None:
+        return newest
+    kept = sorted(p for p in (run_dir / "checkpoints").iterdir() if CHECKPOINT_NAME.fullmatch(p.name))
+    at = [p for p in kept if checkpoint_iteration(p) == iteration]
+    if not at:
+        have = ", ".join(str(checkpoint_iteration(p)) for p in kept) or "none"
+        raise UserError(f"{run_dir} keeps no checkpoint of step {iteration}; it keeps step(s) {have}")
+    return newest if newest in at else at[0]
 
 
-def load_checkpoint(run_dir: Path) -> dict[str, Any]:
-    path = checkpoint_dir(run_dir)
+def checkpoint_iteration(checkpoint: Path) -> int:
+    """The iteration (step) a checkpoint directory was saved at."""
+    return int(checkpoint.name.partition("-")[0])
+
+
+def load_checkpoint(run_dir: Path, iteration: int | None = None) -> dict[str, Any]:
+    """The newest checkpoint's state, or that of the one saved at `iteration`."""
+    path = checkpoint_dir(run_dir, iteration)
     pointer = run_dir / "checkpoint.json"
     try:
         tensors = load_file(path / "tensors.safetensors")

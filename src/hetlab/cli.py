@@ -179,18 +179,22 @@ class ExportConfig:
 @app.command(name="export")
 def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
     """Export a run's latest policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
-    from hetlab.deploy.export import export_onnx
+    from hetlab.deploy.export import TOLERANCE, export_onnx
 
-    print(export_onnx(cfg.run_dir, cfg.out))
+    exported = export_onnx(cfg.run_dir, cfg.out)
+    print(exported.path)
+    console.print(f"checked with ONNX Runtime on {exported.real_observations} observations from the task and "
+                  f"{exported.random_observations} around them: max |Δ action| = {exported.max_error:.2g} "
+                  f"(tolerance {TOLERANCE:g}); metadata: {', '.join(exported.metadata)}", highlight=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)
 class PlayConfig:
     run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
     video: Path | None = None  # default: RUN_DIR/play.mp4
-    seconds: float = 10.0
-    width: int = 640
-    height: int = 480
+    seconds: float = 10.0  # length of the episode recorded
+    width: int = 640  # video width in pixels (even)
+    height: int = 480  # video height in pixels (even)
     seed: int | None = None  # default: the run's seed
     json: bool = False
 
@@ -289,6 +293,7 @@ class AlohaTrainConfig:
     preset: Literal["paper", "cpu", "tiny"] | None = None
     imagenet_weights: Path | None = None  # torchvision resnet18 weights for the backbone
     loader_workers: int = 0  # processes decoding video; 0 = in the training process (~1 ms a frame)
+    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one (to evaluate along the way)
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # learner autocast; auto = bf16 on capable GPUs
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA
     resume: Path | None = None  # a Phase-A run to continue
@@ -439,6 +444,9 @@ app.command(aloha, name="aloha", help="The ALOHA cube-transfer world and its AR-
 
 
 def main(argv: list[str] | None = None) -> None:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(f"hetlab {hetlab.__version__}")
+        return
     try:
         app.cli(prog="hetlab", args=argv, description="Train robot policies with each stage on the device that suits it.")
     except UserError as e:

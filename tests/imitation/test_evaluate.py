@@ -136,3 +136,11 @@ def test_evaluation_records_temporal_ensembling_and_refuses_a_negative_weight(ru
     assert saved["temporal_ensemble"] == 0.01 and saved["replan_every"] == 4 and report["episodes"] == 1
     with pytest.raises(UserError, match="--temporal-ensemble must be ≥ 0"):
         evaluate(EvalConfig(run=run, seeds="2000", temporal_ensemble=-1.0, out=tmp_path / "bad"))
+
+
+def test_a_kept_checkpoint_is_evaluated_by_its_step(run, tmp_path):
+    report = evaluate(EvalConfig(run=run, seeds="2000", workers=1, videos=0, max_steps=2, checkpoint=10))
+    assert report["step"] == 10 and report["out"] == str(run / "eval" / "2000-step10")
+    with pytest.raises(UserError, match=r"keeps no checkpoint of step 5; it keeps step\(s\) 10"):
+        evaluate(EvalConfig(run=run, seeds="2000", checkpoint=5, out=tmp_path / "eval"))
+    assert not (tmp_path / "eval").exists()

@@ -106,11 +106,19 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     summary = json.loads((resumed / "summary.json").read_text())
     assert (summary["steps"], summary["session_steps"]) == (2 * n, n)
 
+    # Checkpoints every 2 steps, every one kept when asked (to evaluate along the way).
+    monkeypatch.setitem(phase_a.PRESETS, "tiny", dataclasses.replace(with_dropout, checkpoint_every=2))
+    train_phase_a(PhaseAConfig(resume=resumed, steps=2 * n + 4, keep_checkpoints=0))
+    assert [p.name for p in sorted((resumed / "checkpoints").iterdir())][-3:] == \
+        [f"{2 * n:07d}", f"{2 * n + 2:07d}", f"{2 * n + 4:07d}"]
+
     # A resumed run keeps its options: another preset's model would not fit the checkpoint.
     with pytest.raises(UserError, match=f"--preset cpu: {resumed} was trained with tiny and a resumed run keeps its "
                                         "options"):
         train_phase_a(PhaseAConfig(resume=resumed, steps=3 * n, preset="cpu"))
-    assert load_checkpoint(resumed)["step"] == 2 * n
+    assert load_checkpoint(resumed)["step"] == 2 * n + 4
+    # Every launch is in meta.json; the refused one left no trace.
+    assert len(json.loads((resumed / "meta.json").read_text())["launches"]) == 3
 
 
 def test_batch_indices_cover_every_frame_once_per_epoch_and_are_deterministic():
@@ -226,6 +234,9 @@ def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_pa
         (["--dataset", str(tmp_path / "absent"), "--preset", "tiny"], "no such dataset directory"),
         (["--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--steps", "0"], "--steps must be ≥ 1, got 0"),
         (["--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--lr", "0"], "--lr must be > 0, got 0.0"),
+        (["--dataset", str(tiny_aloha_dataset), "--seed", "-1"], "--seed must be ≥ 0, got -1"),
+        (["--dataset", str(tiny_aloha_dataset), "--max-seconds", "-3"], "--max-seconds must be ≥ 0"),
+        (["--dataset", str(tiny_aloha_dataset), "--keep-checkpoints", "-1"], "--keep-checkpoints must be ≥ 0"),
         (["--dataset", str(tiny_aloha_dataset), "--condition", "L2"], "--condition is an option of Phase B"),
         (["--phase", "B", "--from", str(run), "--preset", "tiny"], "--preset is an option of Phase A"),
         (["--phase", "B", "--from", str(run), "--compile", "on"], "--compile is an option of Phase A"),

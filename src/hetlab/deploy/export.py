@@ -10,29 +10,47 @@ renamed into place and copied alone.
 
 Before the file replaces `<run_dir>/policy.onnx` (or `out`), ONNX Runtime must reproduce the
 torch actor within `TOLERANCE` on observations from the task itself and on random ones drawn
-around them (in range: far-out inputs only measure float32 rounding of huge outputs).
+around them (in range: far-out inputs only measure float32 rounding of huge outputs). The file's
+metadata (`hetlab.*` properties) names the task and its settings (the action scale among them),
+the sizes, the checkpoint and the measured parity, so the file explains itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import hetlab
+from hetlab.checkpoint import checkpoint_dir
 from hetlab.deploy.policy import load_policy
 from hetlab.files import atomic_path
 from hetlab.onnx_export import quiet_exporter, require_onnx_runtime
-from hetlab.tasks import make_task
+from hetlab.tasks import make_config, make_task
 
 TOLERANCE = 1e-5  # max abs difference between ONNX Runtime's and torch's actions
 PARITY_ENVS, PARITY_STEPS = 32, 8  # real observations: (steps + 1) × envs
 PARITY_RANDOM = 256  # random observations
 
 
-def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Path:
-    """Export the run's latest policy to ONNX, verify it with ONNX Runtime, return its path."""
+@dataclass(frozen=True)
+class Exported:
+    path: Path
+    max_error: float  # max |ONNX Runtime − torch| over the parity observations' actions
+    real_observations: int
+    random_observations: int
+    metadata: dict[str, str]  # the file's metadata properties
+
+
+def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Exported:
+    """Export the run's latest policy to ONNX, verify it with ONNX Runtime, and describe it."""
     ort = require_onnx_runtime()
+    import onnx  # installed with onnxscript, which the dynamo exporter needs
+
     policy = load_policy(run_dir)
     out = Path(out) if out is not None else Path(run_dir) / "policy.onnx"
     obs = _parity_observations(policy)
@@ -43,8 +61,17 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Path:
             input_names=["obs"], output_names=["actions"],
             dynamic_shapes=({0: torch.export.Dim("batch")},),
         )
-        _check_parity(ort, tmp, policy.actor, obs)
-    return out
+        error = _check_parity(ort, tmp, policy.actor, obs)
+        task_config = make_config(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed)
+        metadata = {"hetlab.task": policy.task, "hetlab.sim": policy.sim, "hetlab.obs": f"policy [{policy.obs_size}]",
+                    "hetlab.actions": f"[{policy.action_size}] in [-1, 1], as the task scales them",
+                    "hetlab.task_config": json.dumps(dataclasses.asdict(task_config), default=str),
+                    "hetlab.checkpoint": str(checkpoint_dir(Path(run_dir))), "hetlab.version": hetlab.__version__,
+                    "hetlab.parity_max_abs_error": f"{error:.3g}"}
+        model = onnx.load(str(tmp))
+        onnx.helper.set_model_props(model, metadata)
+        onnx.save(model, str(tmp))
+    return Exported(out, error, len(obs) - PARITY_RANDOM, PARITY_RANDOM, metadata)
 
 
 def _parity_observations(policy) -> torch.Tensor:
@@ -62,7 +89,8 @@ def _parity_observations(policy) -> torch.Tensor:
     return torch.cat([real, real.mean(0) + real.std(0) * noise])
 
 
-def _check_parity(ort, path: Path, actor: torch.nn.Module, obs: torch.Tensor) -> None:
+def _check_parity(ort, path: Path, actor: torch.nn.Module, obs: torch.Tensor) -> float:
+    """The max abs difference of ONNX Runtime's actions from torch's; RuntimeError above TOLERANCE."""
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     (onnx_actions,) = session.run(["actions"], {"obs": obs.numpy()})
     with torch.no_grad():
@@ -70,3 +98,4 @@ def _check_parity(ort, path: Path, actor: torch.nn.Module, obs: torch.Tensor) ->
     error = float(np.abs(onnx_actions - torch_actions).max())
     if not error <= TOLERANCE:
         raise RuntimeError(f"the exported policy differs from the torch actor by {error:.3g} > {TOLERANCE:g}")
+    return error

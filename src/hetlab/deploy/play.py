@@ -37,9 +37,11 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
     (return, length, and how it ended: "terminated", "truncated", or "video" if still running).
     `seed` defaults to the run's own."""
     av = require("video", "av", "writing a video")
-    if seconds <= 0 or width < 2 or height < 2 or width % 2 or height % 2:
-        raise UserError(f"need seconds > 0 and an even width and height (H.264 and MPEG-4 store colour at half "
-                        f"resolution), got {seconds} s at {width}×{height}")
+    if seconds <= 0:
+        raise UserError(f"--seconds must be > 0, got {seconds}")
+    if width < 2 or height < 2 or width % 2 or height % 2:
+        raise UserError(f"--width and --height must be positive and even (H.264 and MPEG-4 store colour at half "
+                        f"resolution), got {width}×{height}")
     policy = load_policy(run_dir)
     task = make_task(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed if seed is None else seed,
                      obs_noise=0.0)

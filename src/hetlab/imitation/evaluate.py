@@ -23,6 +23,7 @@ import torch
 import tyro
 
 from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
+from hetlab.checkpoint import checkpoint_dir, checkpoint_iteration
 from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
@@ -49,7 +50,8 @@ class EvalConfig:
     # it, chunk i (0 = the oldest) weighted exp(−m·i); ACT's m is 0.01. None: the newest chunk alone.
     temporal_ensemble: float | None = None
     max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
-    out: Path | None = None  # results directory; default RUN/eval/<seeds>
+    checkpoint: int | None = None  # the step of a kept checkpoint (RUN/checkpoints); default the newest
+    out: Path | None = None  # results directory; default RUN/eval/<seeds> (<seeds>-step<N> with --checkpoint)
 
 
 class ChunkPolicy:
@@ -83,11 +85,12 @@ class ChunkPolicy:
         return action
 
 
-def load_eval_policy(run_dir: Path):
-    """A run's policy as trained: Phase A's whole model, or Phase B's encoder path + new expert."""
+def load_eval_policy(run_dir: Path, step: int | None = None):
+    """A run's policy as trained (newest checkpoint, or `step`'s): Phase A's whole model, or Phase B's
+    encoder path + new expert."""
     if read_run_config(run_dir)["phase"] == "B":
-        return load_phase_b_policy(run_dir)
-    return load_policy(run_dir)[0]
+        return load_phase_b_policy(run_dir, step)
+    return load_policy(run_dir, step)[0]
 
 
 def training_seeds(config: dict, more_episodes: str | None = None) -> set[int] | None:
@@ -137,10 +140,10 @@ def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_fr
 class _EpisodeRunner:
     """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
 
-    def __init__(self, run: Path, config: dict, replan_every: int, temporal_ensemble: float | None, max_steps: int,
-                 video_seeds: set[int], video_dir: Path):
+    def __init__(self, run: Path, step: int, config: dict, replan_every: int, temporal_ensemble: float | None,
+                 max_steps: int, video_seeds: set[int], video_dir: Path):
         torch.set_num_threads(1)  # one worker per core
-        self.policy = ChunkPolicy(load_eval_policy(run), replan_every, temporal_ensemble)
+        self.policy = ChunkPolicy(load_eval_policy(run, step), replan_every, temporal_ensemble)
         self.env = eval_env(config)
         self.max_steps, self.video_seeds, self.video_dir = max_steps, video_seeds, video_dir
 
@@ -170,11 +173,13 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     if not cfg.on_training_seeds:
         check_seeds_held_out(seeds, trained_on, "--seeds", " or pass --on-training-seeds to measure memorisation")
     held_out = None if trained_on is None else not set(seeds) & trained_on
-    out = cfg.out or Path(cfg.run) / "eval" / cfg.seeds.replace(",", "_")
+    step = checkpoint_iteration(checkpoint_dir(Path(cfg.run), cfg.checkpoint))
+    name = cfg.seeds.replace(",", "_") + (f"-step{step}" if cfg.checkpoint is not None else "")
+    out = cfg.out or Path(cfg.run) / "eval" / name
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
-    runner = (Path(cfg.run), config, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
+    runner = (Path(cfg.run), step, config, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
               set(seeds[:cfg.videos]), video_dir)
     started = time.perf_counter()
     per_seed: list[dict] = []
@@ -188,7 +193,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     successes = sum(r["success"] for r in per_seed)
     low, high = wilson_interval(successes, len(per_seed))
     replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config["model"]["chunk"])
-    report = {"run": str(cfg.run), "seeds": cfg.seeds, "replan_every": replan_every,
+    report = {"run": str(cfg.run), "step": step, "seeds": cfg.seeds, "replan_every": replan_every,
               "temporal_ensemble": cfg.temporal_ensemble, "max_steps": cfg.max_steps,
               "held_out": held_out,
               "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),

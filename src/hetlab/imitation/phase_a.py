@@ -32,6 +32,7 @@ from hetlab.files import write_text_atomic
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
 from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
+from hetlab.run_meta import record_launch
 from hetlab.seeds import parse_seeds
 
 
@@ -77,6 +78,7 @@ class PhaseAConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPUs that have it
     compile: Literal["auto", "on", "off"] = "auto"  # auto: torch.compile on CUDA
     max_seconds: float = 0.0  # stop (with a checkpoint) after this long; 0 = no limit
+    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one (to evaluate along the way)
     runs_dir: Path = Path("runs")
     resume: Path | None = None  # a Phase-A run directory to continue
 
@@ -85,6 +87,14 @@ class PhaseAConfig:
         """The preset with the steps and learning rate given; UserError for ones it cannot train with."""
         if self.steps is not None and self.steps < 1:
             raise UserError(f"--steps must be ≥ 1, got {self.steps}")
+        if self.seed < 0:  # numpy's seed sequences take non-negative integers only
+            raise UserError(f"--seed must be ≥ 0, got {self.seed}")
+        if self.max_seconds < 0:
+            raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {self.max_seconds}")
+        if self.batch < 1:
+            raise UserError(f"--batch must be ≥ 1, got {self.batch}")
+        if self.keep_checkpoints < 0:
+            raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {self.keep_checkpoints}")
         if self.lr is not None and not self.lr > 0:
             raise UserError(f"--lr must be > 0, got {self.lr}")
         preset = PRESETS[self.preset or "cpu"]
@@ -209,15 +219,15 @@ def read_phase_a_config(run_dir: Path, needs: str) -> dict:
     return config
 
 
-def load_run(run_dir: Path) -> tuple[dict, dict]:
-    """(config.json, newest checkpoint) of a Phase-A or Phase-B run."""
-    return read_run_config(run_dir), load_checkpoint(Path(run_dir))
+def load_run(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:
+    """(config.json, newest checkpoint or the one of `step`) of a Phase-A or Phase-B run."""
+    return read_run_config(run_dir), load_checkpoint(Path(run_dir), step)
 
 
-def load_policy(run_dir: Path) -> tuple[ARActor, dict]:
-    """A Phase-A run's trained AR-Actor (eval mode, CPU) and its config."""
+def load_policy(run_dir: Path, step: int | None = None) -> tuple[ARActor, dict]:
+    """A Phase-A run's trained AR-Actor (eval mode, CPU) at its newest checkpoint or `step`, and its config."""
     config = read_phase_a_config(run_dir, "this reads a Phase-A run's whole model")
-    state = load_checkpoint(Path(run_dir))
+    state = load_checkpoint(Path(run_dir), step)
     model = ARActor(ARActorConfig(**config["model"]))
     load_weights(model, state["model"], run_dir)
     return model.eval(), config
@@ -247,7 +257,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         restored = config_from_json(saved, run_dir)
         refuse_changed_options(cfg, restored, run_dir)
         cfg = dataclasses.replace(restored, steps=cfg.steps or restored.steps, max_seconds=cfg.max_seconds,
-                                  resume=cfg.resume)
+                                  keep_checkpoints=cfg.keep_checkpoints, resume=cfg.resume)
     else:
         cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu")
     preset = cfg.resolved
@@ -280,6 +290,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
                   "image_size": [preset.height, preset.width], "render_quality": recorded_render_quality(dataset.info),
                   "phase_a": {**json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "steps": preset.steps}}
         write_text_atomic(run_dir / "config.json", json.dumps(config, indent=2))
+    record_launch(run_dir, device.torch_device, device.name)
     print(run_dir, flush=True)  # first line: where everything goes
     model.to(device.torch_device).train()
     forward = torch.compile(model) if cfg.compile == "on" or (cfg.compile == "auto" and device.kind == "cuda") else model
@@ -296,7 +307,8 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     stopped_by = "steps"
 
     def checkpoint() -> None:
-        save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
+        save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                        keep=cfg.keep_checkpoints)
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
@@ -343,7 +355,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     return run_dir
 
 
-RESUME_MAY_CHANGE = ("steps", "max_seconds", "resume")
+RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "resume")
 
 
 def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir: Path) -> None:
@@ -355,8 +367,8 @@ def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir:
         value = getattr(given, name)
         if name not in RESUME_MAY_CHANGE and value != getattr(defaults, name) and value != getattr(restored, name):
             raise UserError(f"--{name.replace('_', '-')} {value}: {run_dir} was trained with "
-                            f"{getattr(restored, name)} and a resumed run keeps its options (only --steps and "
-                            "--max-seconds may change); drop it, or start a new run")
+                            f"{getattr(restored, name)} and a resumed run keeps its options (only --steps, "
+                            "--max-seconds and --keep-checkpoints may change); drop it, or start a new run")
 
 
 def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:

@@ -48,6 +48,7 @@ from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, H
                                      evenly_spaced_frames)
 from hetlab.offload.prefetch import Prefetcher
 from hetlab.offload.quantise import QuantiseConfig
+from hetlab.run_meta import record_launch
 from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
@@ -169,10 +170,10 @@ class PhaseBPolicy:
         return self.action_expert.unnormalise(self.action_expert.generate(layer_tokens, steps))
 
 
-def load_phase_b_policy(run_dir: Path) -> PhaseBPolicy:
-    """A Phase-B run's policy on the CPU, with the offload path it was trained with (the cache
-    condition acts with the FP32 encoder its cache was built from)."""
-    config, state = load_run(run_dir)
+def load_phase_b_policy(run_dir: Path, step: int | None = None) -> PhaseBPolicy:
+    """A Phase-B run's policy on the CPU (its newest checkpoint, or `step`'s), with the offload path
+    it was trained with (the cache condition acts with the FP32 encoder its cache was built from)."""
+    config, state = load_run(run_dir, step)
     cfg = _config_from_json(config["phase_b"])
     model, _, _ = frozen_encoder(cfg.from_run)
     expert = ActionExpert(model.cfg)
@@ -264,6 +265,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
          "render_quality": run_render_quality(phase_a),
          "phase_b": json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(cfg, resume=None)), default=str))},
         indent=2))
+    record_launch(run_dir, device.torch_device, device.name)
     print(run_dir, flush=True)
 
     visual = model.visual.to(torch_device)

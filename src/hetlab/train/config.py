@@ -174,6 +174,10 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_seconds < 0:
+        raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {cfg.max_seconds}")
+    if cfg.seed < 0:  # numpy's seed sequences take non-negative integers only
+        raise UserError(f"--seed must be ≥ 0, got {cfg.seed}")
     if cfg.envs % cfg.collectors:
         raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
     make_config(cfg.task, num_envs=cfg.envs_per_collector, sim=cfg.sim, threads=cfg.threads, seed=cfg.seed)

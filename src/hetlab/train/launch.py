@@ -19,6 +19,7 @@ from hetlab.checkpoint import load_checkpoint
 from hetlab.devices import apply_thread_budget, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
+from hetlab.run_meta import record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
 from hetlab.train.config import TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes
 from hetlab.train.device_defaults import scale_defaults, scaled_line
@@ -52,7 +53,8 @@ def train(cfg: TrainConfig) -> Path:
         if resume_state is None:
             run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             run_dir.mkdir(parents=True)
-            write_text_atomic(run_dir / "config.json", json.dumps(dataclasses.asdict(cfg), indent=2))
+            write_text_atomic(run_dir / "config.json", json.dumps(saved_config(cfg, device.torch_device), indent=2))
+        record_launch(run_dir, device.torch_device, device.name)
         print(run_dir, flush=True)  # first line: where everything goes
         if scaled:
             print(scaled_line(scaled), flush=True)
@@ -66,6 +68,14 @@ def train(cfg: TrainConfig) -> Path:
     finally:
         pool.close()
     return run_dir
+
+
+def saved_config(cfg: TrainConfig, torch_device: str) -> dict:
+    """config.json: the resolved options (the device picked, not "auto") and only the chosen
+    algorithm's group; a resumed run's other groups take their defaults, which it never reads."""
+    saved = dataclasses.asdict(dataclasses.replace(cfg, device=torch_device.split(":")[0]))
+    saved["algos"] = {cfg.algo: saved["algos"][cfg.algo]}
+    return saved
 
 
 def open_pool(cfg: TrainConfig) -> CollectorPool:

@@ -63,9 +63,13 @@ class RunRecord:
         self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
-        """An iteration's row (its wall_seconds counted within this launch) to TensorBoard
-        (against env steps), the console and the history."""
-        row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"]}
+        """An iteration's row (its wall_seconds counted within this launch; env_steps_per_s the
+        launch's average) to TensorBoard (against env steps), the console and the history, with
+        the iteration's own rate beside the average."""
+        launch = self.session_rows
+        since = (launch[-1]["env_steps"], launch[-1]["wall_seconds"] - self.wall_offset) if launch else None
+        own_rate = (row["env_steps"] - since[0]) / (row["wall_seconds"] - since[1]) if since else row["env_steps_per_s"]
+        row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"], "iteration_env_steps_per_s": own_rate}
         steps = row["env_steps"]
         for name, value in reward_terms.items():
             self.writer.add_scalar(f"reward_terms/{name}", value, steps)
@@ -73,7 +77,8 @@ class RunRecord:
             if key != "iteration":
                 self.writer.add_scalar(key if "/" in key else f"train/{key}", value, steps)
         console.print(
-            f"it {row['iteration']:5d} | {row['env_steps_per_s']:7,.0f} steps/s | reward {row['mean_reward']:8.3f} | "
+            f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
+            f"return {row['mean_reward']:8.3f} | "
             f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
             f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}",
             highlight=False, soft_wrap=True,
