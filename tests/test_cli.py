@@ -85,3 +85,44 @@ def test_version_is_the_packages():
     import hetlab
 
     assert run("--version").stdout == f"hetlab {hetlab.__version__}\n"
+
+
+def commands(app, prefix: str = "") -> dict:
+    """Every `hetlab` command's name → its function, sub-apps (`hetlab aloha …`) included."""
+    found = {}
+    for name, spec in app._subcommands.items():
+        target = getattr(spec, "target", spec)  # tyro keeps each command as a spec around its target
+        if hasattr(target, "_subcommands"):
+            found |= commands(target, f"{prefix}{name} ")
+        else:
+            found[f"{prefix}{name}"] = target
+    return found
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    import re
+    import typing
+    import warnings
+
+    import tyro
+
+    from hetlab.cli import app
+
+    listed = commands(app)
+    assert {"train", "export", "play", "aloha train", "aloha eval", "offload study"} <= set(listed)
+    bare = []
+    for name, function in listed.items():
+        hints = typing.get_type_hints(function, include_extras=True)
+        if "cfg" not in hints:
+            continue  # a command without options
+        config = typing.get_args(hints["cfg"])[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # get_parser: the parser tyro would build
+            parser = tyro.extras.get_parser(config)
+        for action in parser._actions:
+            if action.option_strings and action.option_strings[0] != "-h":
+                # tyro appends the default; an option that says nothing else has no description.
+                text = re.sub(r"\((default|fixed to)[^)]*\)|\(required\)", "", action.help or "").strip()
+                if not text:
+                    bare.append(f"hetlab {name} {action.option_strings[0]}")
+    assert not bare, bare

@@ -52,7 +52,7 @@ class InfoConfig:
     device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
     threads: int = 0  # physics threads to budget for; 0 = every core
     ray: str | None = None  # also show a Ray cluster's nodes and resources: local, auto or host:port
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @app.command(name="info")
@@ -111,7 +111,7 @@ def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> N
 
 @dataclass(frozen=True)
 class TasksConfig:
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @app.command(name="tasks")
@@ -196,7 +196,7 @@ class PlayConfig:
     width: int = 640  # video width in pixels (even)
     height: int = 480  # video height in pixels (even)
     seed: int | None = None  # default: the run's seed
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @app.command(name="play")
@@ -221,7 +221,7 @@ def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
 class AlohaExpertConfig:
     seeds: str = "0-99"  # episode seeds: A-B (inclusive) or one seed
     workers: int = 1  # episodes run at once, one process each
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @aloha.command(name="expert")
@@ -258,7 +258,7 @@ def aloha_record(cfg: Annotated[RecordConfig, tyro.conf.arg(name="")]) -> None:
 @dataclass(frozen=True)
 class AlohaParamsConfig:
     preset: Literal["paper", "cpu", "tiny"] = "paper"  # whose model: paper = the study's 51.5 M, cpu = narrowed
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @aloha.command(name="params")
@@ -301,27 +301,29 @@ class AlohaTrainConfig:
     from_run: Annotated[Path | None, tyro.conf.arg(name="from")] = None  # the Phase-A run to freeze
     condition: str = "learner"  # learner | L1..L4 (encoder offloaded up to layer k) | cache
     offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
+    # precision of the offloaded prefix: int8 (A8W8) or fp32 (a reference)
     offload_precision: Literal["int8", "fp32"] = "int8"
     quantise: QuantiseConfig = QuantiseConfig()
-    calibration_episodes: str = "0-7"
+    calibration_episodes: str = "0-7"  # episodes whose frames calibrate the INT8 prefix
     prefetch: int = 2  # batches prepared ahead by the background thread
+    # how the cache condition stores features: fp16 or int8 (per-token scales)
     cache_dtype: Literal["fp16", "int8"] = "fp16"
     power_interval: float = 1.0  # seconds between power samples
     power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)
     power_pattern: str = r"([0-9.]+)\s*W"  # regex; its first group is the watts
-    power_device: str = "offload device"
+    power_device: str = "offload device"  # the name --power-command's readings appear under
     out: Path | None = None  # Phase-B run directory
     # Both
     steps: int | None = None  # default: the preset's (A) or 30,000 (B)
-    batch: int = 8
+    batch: int = 8  # samples per optimizer step
     lr: float | None = None  # default: the preset's (A) or 1e-5 (B)
-    weight_decay: float = 1e-4
-    grad_clip: float = 10.0
+    weight_decay: float = 1e-4  # AdamW weight decay
+    grad_clip: float = 10.0  # gradient-norm clipping
     train_episodes: str = "0-39"  # 40–49 stay held out for fidelity
     seed: int | None = None  # default 0 (A) or 2000 (B)
     device: str = "auto"  # learner device
     max_seconds: float = 0.0  # stop with a checkpoint after this long; 0 = no limit
-    runs_dir: Path = Path("runs")
+    runs_dir: Path = Path("runs")  # run directories are made under RUNS_DIR/aloha-ar-actor/
 
     def phase_config(self, cls):
         """The options `cls` (PhaseAConfig or PhaseBConfig) has, leaving unset ones to its defaults;
@@ -387,10 +389,10 @@ class FidelityConfig:
     quantise: QuantiseConfig = QuantiseConfig()
     provider: str = "CPUExecutionProvider"  # the ONNX Runtime execution provider the INT8 prefix runs on
     dataset: Path | None = None  # default: the run's Phase-A dataset
-    calibration_episodes: str = "0-7"
-    heldout_episodes: str = "40-49"
+    calibration_episodes: str = "0-7"  # episodes whose frames calibrate the INT8 prefix
+    heldout_episodes: str = "40-49"  # episodes fidelity is measured on (never calibrated on)
     threads: int | None = None  # ONNX Runtime intra-op threads
-    json: bool = False
+    json: bool = False  # print the result as JSON
 
 
 @offload.command(name="fidelity")

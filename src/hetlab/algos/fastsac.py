@@ -55,33 +55,33 @@ from hetlab.errors import UserError
 
 @dataclass(frozen=True)
 class FastSACConfig:
-    actor_hidden: tuple[int, ...] = (512, 256, 128)
-    critic_hidden: tuple[int, ...] = (768, 384, 192)
-    layer_norm: bool = True
-    num_q_networks: int = 2
-    num_atoms: int = 101
-    v_min: float = -20.0
-    v_max: float = 20.0
-    normalize_obs: bool = True
-    batch_size: int = 8192
-    gamma: float = 0.97
-    n_step: int = 1
+    actor_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the actor MLP
+    critic_hidden: tuple[int, ...] = (768, 384, 192)  # hidden-layer widths of the critic MLP
+    layer_norm: bool = True  # LayerNorm after each critic layer
+    num_q_networks: int = 2  # Q networks in the critic ensemble
+    num_atoms: int = 101  # atoms of the distributional critic's support
+    v_min: float = -20.0  # lower end of the distributional critic's support
+    v_max: float = 20.0  # upper end of the distributional critic's support
+    normalize_obs: bool = True  # normalise observations by their running mean and std
+    batch_size: int = 8192  # transitions sampled per update
+    gamma: float = 0.97  # discount factor
+    n_step: int = 1  # steps summed in the n-step return
     updates_per_step: float = 8.0  # gradient updates per vectorised env step
     learning_starts: int = 10  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.125
-    actor_learning_rate: float = 3e-4
-    critic_learning_rate: float = 3e-4
-    alpha_learning_rate: float = 3e-4
-    adam_betas: tuple[float, float] = (0.9, 0.95)
+    tau: float = 0.125  # Polyak factor of the target networks
+    actor_learning_rate: float = 3e-4  # Adam learning rate of the actor
+    critic_learning_rate: float = 3e-4  # Adam learning rate of the critics
+    alpha_learning_rate: float = 3e-4  # Adam learning rate of the entropy temperature
+    adam_betas: tuple[float, float] = (0.9, 0.95)  # Adam's β1 and β2
     weight_decay: float = 1e-3  # AdamW, actor and critic
     max_grad_norm: float = 0.0  # 0: no clipping
-    init_alpha: float = 1e-3
+    init_alpha: float = 1e-3  # entropy temperature at the start
     target_entropy_ratio: float = 0.0  # target entropy = −ratio · action size
-    log_std_min: float = -5.0
-    log_std_max: float = 0.0
+    log_std_min: float = -5.0  # lower bound of the actor's log std
+    log_std_max: float = 0.0  # upper bound of the actor's log std
     policy_frequency: int = 4  # critic updates per actor update
-    compile: bool = False
-    bf16: bool = False
+    compile: bool = False  # torch.compile the update (pays off on GPUs)
+    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
 
     def __post_init__(self):
         object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))

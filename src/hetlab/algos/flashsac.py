@@ -69,30 +69,30 @@ from hetlab.errors import UserError
 
 @dataclass(frozen=True)
 class FlashSACConfig:
-    actor_blocks: int = 2
-    actor_hidden: int = 128
-    critic_blocks: int = 2
-    critic_hidden: int = 256
+    actor_blocks: int = 2  # residual blocks of the actor
+    actor_hidden: int = 128  # width of the actor's blocks
+    critic_blocks: int = 2  # residual blocks of the critic
+    critic_hidden: int = 256  # width of the critic's blocks
     expansion: int = 4  # width of a block's inner layer, in multiples of `hidden`
-    num_q_networks: int = 2
-    num_atoms: int = 101
+    num_q_networks: int = 2  # Q networks in the critic ensemble
+    num_atoms: int = 101  # atoms of the distributional critic's support
     return_max: float = 5.0  # G_max: the critic's support is [−G_max, G_max]
-    normalize_reward: bool = True
+    normalize_reward: bool = True  # scale rewards by a running bound on the return
     normalize_obs: bool = False  # the embedder's BatchNorm already normalises the inputs
-    batch_size: int = 2048
-    gamma: float = 0.99
-    n_step: int = 3
+    batch_size: int = 2048  # transitions sampled per update
+    gamma: float = 0.99  # discount factor
+    n_step: int = 3  # steps summed in the n-step return
     updates_per_step: float = 2.0  # gradient updates per vectorised env step
     learning_starts: int = 10  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.01
+    tau: float = 0.01  # Polyak factor of the target networks
     learning_rate: float = 3e-4  # Adam, for actor, critic and temperature
-    init_temperature: float = 0.01
+    init_temperature: float = 0.01  # entropy temperature at the start
     target_entropy_std: float = 0.15  # H̄ = the entropy of N(0, std²) per action dimension
-    log_std_min: float = -10.0
-    log_std_max: float = 2.0
+    log_std_min: float = -10.0  # lower bound of the actor's log std
+    log_std_max: float = 2.0  # upper bound of the actor's log std
     policy_frequency: int = 2  # updates per actor and temperature step
-    compile: bool = False
-    bf16: bool = False
+    compile: bool = False  # torch.compile the update (pays off on GPUs)
+    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
 
     def __post_init__(self):
         check_common_config(self, "FlashSAC")

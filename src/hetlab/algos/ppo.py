@@ -37,23 +37,23 @@ from hetlab.errors import UserError
 
 @dataclass(frozen=True)
 class PPOConfig:
-    actor_hidden: tuple[int, ...] = (512, 256, 128)
-    critic_hidden: tuple[int, ...] = (512, 256, 128)
-    init_noise_std: float = 1.0
-    normalize_obs: bool = True
-    gamma: float = 0.99
+    actor_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the actor MLP
+    critic_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the critic MLP
+    init_noise_std: float = 1.0  # the Gaussian policy's action std at the start
+    normalize_obs: bool = True  # normalise observations by their running mean and std
+    gamma: float = 0.99  # discount factor
     lam: float = 0.95  # GAE λ
     clip_param: float = 0.2  # for the policy ratio and for the value change
-    use_clipped_value_loss: bool = True
-    value_loss_coef: float = 1.0
-    entropy_coef: float = 0.01
+    use_clipped_value_loss: bool = True  # clip each update's change of the value estimate, as the policy ratio is
+    value_loss_coef: float = 1.0  # weight of the value loss
+    entropy_coef: float = 0.01  # weight of the entropy bonus
     learning_rate: float = 1e-3  # Adam; the starting point when the schedule is adaptive
     desired_kl: float | None = 0.01  # adapt the learning rate to this KL per minibatch; None: fixed rate
-    min_learning_rate: float = 1e-5
-    max_learning_rate: float = 1e-2
-    max_grad_norm: float = 1.0
-    num_learning_epochs: int = 5
-    num_mini_batches: int = 4
+    min_learning_rate: float = 1e-5  # lower bound of the adaptive learning rate
+    max_learning_rate: float = 1e-2  # upper bound of the adaptive learning rate
+    max_grad_norm: float = 1.0  # gradient-norm clipping
+    num_learning_epochs: int = 5  # passes over each batch of rollouts
+    num_mini_batches: int = 4  # minibatches each batch of rollouts is split into
 
     def __post_init__(self):
         # Configs read back from JSON carry lists; keep the dataclass hashable.

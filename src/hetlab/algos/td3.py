@@ -44,23 +44,23 @@ from hetlab.errors import UserError
 
 @dataclass(frozen=True)
 class TD3Config:
-    actor_hidden: tuple[int, ...] = (256, 256)
-    critic_hidden: tuple[int, ...] = (256, 256)
-    normalize_obs: bool = True
-    batch_size: int = 256
-    gamma: float = 0.99
-    n_step: int = 1
+    actor_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the actor MLP
+    critic_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the critic MLP
+    normalize_obs: bool = True  # normalise observations by their running mean and std
+    batch_size: int = 256  # transitions sampled per update
+    gamma: float = 0.99  # discount factor
+    n_step: int = 1  # steps summed in the n-step return
     updates_per_step: float = 1.0  # gradient updates per vectorised env step
     learning_starts: int = 100  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.005
-    actor_learning_rate: float = 3e-4
-    critic_learning_rate: float = 3e-4
+    tau: float = 0.005  # Polyak factor of the target networks
+    actor_learning_rate: float = 3e-4  # Adam learning rate of the actor
+    critic_learning_rate: float = 3e-4  # Adam learning rate of the critics
     policy_noise: float = 0.2  # std of the target policy smoothing noise
-    noise_clip: float = 0.5
+    noise_clip: float = 0.5  # bound of the target-policy smoothing noise
     exploration_noise: float = 0.1  # std of the behaviour policy's noise
     policy_frequency: int = 2  # critic updates per actor and target update
-    compile: bool = False
-    bf16: bool = False
+    compile: bool = False  # torch.compile the update (pays off on GPUs)
+    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
 
     def __post_init__(self):
         object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))

@@ -38,8 +38,8 @@ MOTORS = tuple(f"{arm}_{joint}" for arm in ARMS for joint in (*ARM_JOINTS, "grip
 class RecordConfig:
     episodes: int = 50  # episodes the dataset should hold when done
     out: Path  # dataset directory; an existing recording there is continued
-    height: int = 480
-    width: int = 640
+    height: int = 480  # image height in pixels (even, ≥ 64)
+    width: int = 640  # image width in pixels (even, ≥ 64)
     # "fast" (no shadows, no multisampling) renders ~8× quicker than the scene's own "high"; a policy
     # is evaluated at the quality its dataset was recorded at.
     render_quality: RenderQuality = "fast"

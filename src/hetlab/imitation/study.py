@@ -60,7 +60,7 @@ EVAL_SETTINGS = ("seeds", "max_steps", "replan_every")  # as results.json stores
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
     from_run: Annotated[Path, tyro.conf.arg(name="from")]  # the Phase-A run
-    conditions: str = ",".join(CONDITIONS)
+    conditions: str = ",".join(CONDITIONS)  # comma-separated: learner, L1..L4 (encoder offloaded up to layer k), cache
     seeds: str = "2000,2001,2002"  # training seeds
     steps: int = 30_000  # Phase-B steps per condition and seed
     eval_seeds: str = "2000-2049"  # environment seeds, held out from every training episode
@@ -69,15 +69,15 @@ class StudyConfig:
     eval_replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
     videos: int = 0  # evaluation videos per condition and seed
     fidelity: bool = True  # INT8-vs-FP32 cosine per offloaded boundary, in the report
-    train_episodes: str = "0-39"
+    train_episodes: str = "0-39"  # episodes Phase B trains on
     calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
     heldout_episodes: str = "40-49"  # fidelity is measured on these
-    offload_device: str = "cpu"
+    offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
-    power_interval: float = 1.0
-    power_command: str | None = None
+    power_interval: float = 1.0  # seconds between power samples
+    power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)
     power_pattern: str = r"([0-9.]+)\s*W"
-    power_device: str = "offload device"
+    power_device: str = "offload device"  # the name --power-command's readings appear under
     out: Path | None = None  # default <from_run>/study
 
 

@@ -29,9 +29,9 @@ from hetlab.tasks import make_task
 class SimBenchConfig:
     """Measure physics substeps/s and task env-steps/s for one task."""
 
-    task: str = "go1-joystick-flat"
+    task: str = "go1-joystick-flat"  # task to measure (`hetlab tasks` lists them)
     sim: str = "mujoco"  # physics backend
-    envs: int = 1024
+    envs: int = 1024  # envs stepped as one batch
     seconds: float = 10.0  # total measuring time, split over the rounds and both loops
     threads: int = 0  # physics threads; 0 = every core
     rounds: int = 3  # alternating physics/task rounds; results are medians over rounds

@@ -60,8 +60,8 @@ AlgoConfigs.__doc__ = "Every registered algorithm's options; `--algo` chooses th
 class TrainConfig:
     """Train a policy with PPO or APPO (on-policy) or SAC, TD3, FastSAC or FlashSAC (off-policy) on a hetlab task."""
 
-    algo: Literal[tuple(ALGOS)] = "ppo"
-    task: str = "go1-joystick-flat"
+    algo: Literal[tuple(ALGOS)] = "ppo"  # learning algorithm; its options are the --<algo>.* group
+    task: str = "go1-joystick-flat"  # task to train (`hetlab tasks` lists them)
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
@@ -74,11 +74,11 @@ class TrainConfig:
     threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
     horizon: int = 24  # env steps per rollout (off-policy: per iteration)
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
-    max_iterations: int = 1000
+    max_iterations: int = 1000  # iterations to train; a resumed run counts its earlier ones
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
-    seed: int = 0
+    seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
-    runs_dir: str = "runs"
+    runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     # Collectors as actors of a Ray cluster (the `ray` extra): local (one started here), auto (the
