@@ -219,7 +219,7 @@ def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
 
 @dataclass(frozen=True)
 class AlohaExpertConfig:
-    seeds: str = "0-99"  # episode seeds: A-B (inclusive) or one seed
+    seeds: str = "0-99"  # episode seeds: A-B (inclusive), N, or a list such as 0-3,7
     workers: int = 1  # episodes run at once, one process each
     json: bool = False  # print the result as JSON
 

@@ -39,7 +39,7 @@ VIDEO_FPS = 50
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
     run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]  # a trained AR-Actor run (phase A or B)
-    seeds: str = "2000-2049"  # environment seeds: A-B, N, or a,b,c (recordings start at 0, so these are held out)
+    seeds: str = "2000-2049"  # environment seeds: A-B, N, or a list such as 0-3,7 (recordings start at 0)
     # Allow seeds the run's training episodes were recorded from (a memorisation check); the report
     # then does not call them held out.
     on_training_seeds: bool = False
