@@ -1,3 +1,32 @@
-"""hetlab: robot policy training with each stage of the loop on the device that suits it."""
+"""hetlab: robot policy training with each stage of the loop on the device that suits it.
+
+From Python, the command line's two main steps (imported only when called, so `import hetlab` stays light):
+
+    import hetlab
+    run = hetlab.train_policy(task="cartpole-balance", envs=64, max_iterations=60, ppo={"actor_hidden": (64, 64)})
+    policy = hetlab.load_policy(run)
+    actions = policy.act(observations)  # numpy (batch, policy obs) → (batch, actions), deterministic
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 __version__ = "0.1.0"
+
+
+def train_policy(**options) -> Path:
+    """Train as `hetlab train` does and return the run directory. Options are the command line's
+    (`task`, `algo`, `envs`, `max_iterations`, …) with underscores; an algorithm's own go in a dict
+    under its name (`ppo={"gamma": 0.98}`), and so do `off_policy` and `ray_pool`."""
+    from hetlab.train.config import config_from_options
+    from hetlab.train.launch import train
+
+    return train(config_from_options(options))
+
+
+def load_policy(run_dir: str | Path):
+    """The deterministic policy of a run's latest checkpoint, on the CPU (`.act(obs)`)."""
+    from hetlab.deploy.policy import load_policy as load
+
+    return load(run_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,6 +28,15 @@ class RunPolicy:
     actor: nn.Module  # forward(obs [batch, policy obs]) -> deterministic actions [batch, actions]
     obs_size: int
     action_size: int
+
+    def act(self, observations) -> np.ndarray:
+        """Deterministic actions (batch, action_size) for policy observations (batch, obs_size)."""
+        obs = torch.as_tensor(np.asarray(observations, dtype=np.float32))
+        if obs.ndim != 2 or obs.shape[1] != self.obs_size:
+            raise UserError(f"{self.task}'s policy takes observations of shape (batch, {self.obs_size}), "
+                            f"got {tuple(obs.shape)}")
+        with torch.no_grad():
+            return self.actor(obs).numpy()
 
 
 def load_policy(run_dir: Path | str) -> RunPolicy:

@@ -219,6 +219,25 @@ def _validate_off_policy(cfg: TrainConfig) -> None:
     layout.requirement.check()
 
 
+def config_from_options(options: dict) -> TrainConfig:
+    """A TrainConfig from keyword options (the Python API): the command line's names with
+    underscores, an algorithm's options as a dict under its name, `off_policy` and `ray_pool` as
+    dicts too; UserError naming an option that does not exist."""
+    options = dict(options)
+    groups = {name: options.pop(name) for name in ALGOS if name in options}
+    nested = {"off_policy": OffPolicyConfig, "ray_pool": RayPoolConfig}
+    try:
+        for name, cls in nested.items():
+            if isinstance(options.get(name), dict):
+                options[name] = cls(**options[name])
+        defaults = AlgoConfigs()
+        algos = AlgoConfigs(**{name: dataclasses.replace(getattr(defaults, name), **groups.get(name, {}))
+                               for name in ALGOS})
+        return TrainConfig(**options, algos=algos)
+    except TypeError as e:  # an unknown keyword: Python's message names it
+        raise UserError(f"{e}; the options are `hetlab train --help`'s, with underscores") from e
+
+
 def load_run_config(run_dir: Path) -> TrainConfig:
     """The resolved config a run directory was trained with."""
     data = read_rl_run_config(run_dir)
