@@ -31,7 +31,7 @@ def run_dir(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
     result = subprocess.run(
         [HETLAB, "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "3",
-         "--runs-dir", str(runs), *SMALL_NETS],
+         "--checkpoint-every", "1", "--keep-checkpoints", "0", "--runs-dir", str(runs), *SMALL_NETS],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -96,3 +96,14 @@ def test_a_directory_without_a_checkpoint_is_a_user_error(run_dir, tmp_path):
     with pytest.raises(UserError, match="even"):
         play(run_dir, tmp_path / "out.mp4", width=95)
     assert not list(tmp_path.glob("*.onnx")) and not list(tmp_path.glob("*.mp4"))
+
+
+def test_any_kept_checkpoint_exports_and_plays(run_dir, tmp_path):
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["0000001", "0000002", "0000003"]
+    first = export_onnx(run_dir, tmp_path / "first.onnx", checkpoint=1)
+    assert first.metadata["hetlab.checkpoint"] == str(run_dir / "checkpoints" / "0000001")
+    observations = real_observations(steps=2)
+    assert not np.array_equal(load_policy(run_dir, 1).act(observations), load_policy(run_dir).act(observations))
+    with pytest.raises(UserError, match=r"keeps no checkpoint of step 7; it keeps step\(s\) 1, 2, 3"):
+        play(run_dir, tmp_path / "out.mp4", seconds=0.1, width=64, height=64, checkpoint=7)
+    assert not (tmp_path / "out.mp4").exists()

@@ -25,8 +25,9 @@ def train_policy(**options) -> Path:
     return train(config_from_options(options))
 
 
-def load_policy(run_dir: str | Path):
-    """The deterministic policy of a run's latest checkpoint, on the CPU (`.act(obs)`)."""
+def load_policy(run_dir: str | Path, checkpoint: int | None = None):
+    """The deterministic policy of a run's newest checkpoint (or iteration `checkpoint`'s), on the
+    CPU: `.act(obs)`."""
     from hetlab.deploy.policy import load_policy as load
 
-    return load(run_dir)
+    return load(run_dir, checkpoint)

@@ -174,14 +174,15 @@ def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -
 class ExportConfig:
     run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
     out: Path | None = None  # default: RUN_DIR/policy.onnx
+    checkpoint: int | None = None  # the iteration of a kept checkpoint (RUN_DIR/checkpoints); default the newest
 
 
 @app.command(name="export")
 def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
-    """Export a run's latest policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
+    """Export a run's policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
     from hetlab.deploy.export import TOLERANCE, export_onnx
 
-    exported = export_onnx(cfg.run_dir, cfg.out)
+    exported = export_onnx(cfg.run_dir, cfg.out, cfg.checkpoint)
     print(exported.path)
     console.print(f"checked with ONNX Runtime on {exported.real_observations} observations from the task and "
                   f"{exported.random_observations} around them: max |Δ action| = {exported.max_error:.2g} "
@@ -196,15 +197,17 @@ class PlayConfig:
     width: int = 640  # video width in pixels (even)
     height: int = 480  # video height in pixels (even)
     seed: int | None = None  # default: the run's seed
+    checkpoint: int | None = None  # the iteration of a kept checkpoint (RUN_DIR/checkpoints); default the newest
     json: bool = False  # print the result as JSON
 
 
 @app.command(name="play")
 def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
-    """Record an mp4 of a run's latest policy acting deterministically in one env (headless GL)."""
+    """Record an mp4 of a run's policy acting deterministically in one env (headless GL)."""
     from hetlab.deploy.play import play as record
 
-    result = record(cfg.run_dir, cfg.video or cfg.run_dir / "play.mp4", cfg.seconds, cfg.width, cfg.height, cfg.seed)
+    result = record(cfg.run_dir, cfg.video or cfg.run_dir / "play.mp4", cfg.seconds, cfg.width, cfg.height, cfg.seed,
+                    cfg.checkpoint)
     if cfg.json:
         _print_json(result)
         return

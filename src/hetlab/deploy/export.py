@@ -46,12 +46,13 @@ class Exported:
     metadata: dict[str, str]  # the file's metadata properties
 
 
-def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Exported:
-    """Export the run's latest policy to ONNX, verify it with ONNX Runtime, and describe it."""
+def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: int | None = None) -> Exported:
+    """Export the run's policy (newest checkpoint, or iteration `checkpoint`'s) to ONNX, verify it with
+    ONNX Runtime, and describe it."""
     ort = require_onnx_runtime()
     import onnx  # installed with onnxscript, which the dynamo exporter needs
 
-    policy = load_policy(run_dir)
+    policy = load_policy(run_dir, checkpoint)
     out = Path(out) if out is not None else Path(run_dir) / "policy.onnx"
     obs = _parity_observations(policy)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,7 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None) -> Exported:
         metadata = {"hetlab.task": policy.task, "hetlab.sim": policy.sim, "hetlab.obs": f"policy [{policy.obs_size}]",
                     "hetlab.actions": f"[{policy.action_size}] in [-1, 1], as the task scales them",
                     "hetlab.task_config": json.dumps(dataclasses.asdict(task_config), default=str),
-                    "hetlab.checkpoint": str(checkpoint_dir(Path(run_dir))), "hetlab.version": hetlab.__version__,
+                    "hetlab.checkpoint": str(checkpoint_dir(Path(run_dir), checkpoint)), "hetlab.version": hetlab.__version__,
                     "hetlab.parity_max_abs_error": f"{error:.3g}"}
         model = onnx.load(str(tmp))
         onnx.helper.set_model_props(model, metadata)

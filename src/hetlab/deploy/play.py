@@ -32,7 +32,7 @@ CODECS = {"h264": {}, "mpeg4": {"b": "4M"}}
 
 
 def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: int = 640, height: int = 480,
-         seed: int | None = None) -> dict:
+         seed: int | None = None, checkpoint: int | None = None) -> dict:
     """Record the run's policy to `video`; returns the frame count, fps and every episode seen
     (return, length, and how it ended: "terminated", "truncated", or "video" if still running).
     `seed` defaults to the run's own."""
@@ -42,7 +42,7 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
     if width < 2 or height < 2 or width % 2 or height % 2:
         raise UserError(f"--width and --height must be positive and even (H.264 and MPEG-4 store colour at half "
                         f"resolution), got {width}×{height}")
-    policy = load_policy(run_dir)
+    policy = load_policy(run_dir, checkpoint)
     task = make_task(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed if seed is None else seed,
                      obs_noise=0.0)
     steps = max(1, round(seconds / task.dt))

@@ -39,10 +39,11 @@ class RunPolicy:
             return self.actor(obs).numpy()
 
 
-def load_policy(run_dir: Path | str) -> RunPolicy:
+def load_policy(run_dir: Path | str, checkpoint: int | None = None) -> RunPolicy:
+    """The run's policy at its newest checkpoint, or at the one of iteration `checkpoint`."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
-    state = load_checkpoint(run_dir)
+    state = load_checkpoint(run_dir, checkpoint)
     algo = config.build_algorithm(torch.device("cpu"))
     try:
         algo.load_state_dict(state["algo"])

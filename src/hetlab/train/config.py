@@ -78,6 +78,7 @@ class TrainConfig:
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
+    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
@@ -174,6 +175,8 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.keep_checkpoints < 0:
+        raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {cfg.keep_checkpoints}")
     if cfg.max_seconds < 0:
         raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {cfg.max_seconds}")
     if cfg.seed < 0:  # numpy's seed sequences take non-negative integers only

@@ -196,5 +196,6 @@ def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: 
             run_dir, iteration, {"iteration": iteration, "updates": updates, "algo": algo.state_dict(),
                                  "replay_steps": steps},
             write_extra=(lambda directory: replay.save(directory / "replay", steps)) if cfg.off_policy.save_replay else None,
+            keep=cfg.keep_checkpoints,
         )
     record.save_history()

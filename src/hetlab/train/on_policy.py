@@ -127,5 +127,5 @@ def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collecto
         "iteration": iteration,
         "algo": algo.state_dict(),
         "collectors": collector_states if exact else [None] * len(collector_states),
-    })
+    }, keep=cfg.keep_checkpoints)
     record.save_history()
