@@ -12,7 +12,8 @@ import pytest
 
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.errors import UserError
-from hetlab.imitation.study import StudyConfig, run_study
+from hetlab.imitation.phase_b import train_phase_b
+from hetlab.imitation.study import StudyConfig, condition_run, run_study
 from hetlab.offload.quantise import QuantiseConfig
 
 
@@ -107,3 +108,18 @@ def test_evaluation_seeds_the_training_episodes_came_from_are_refused_before_any
     with pytest.raises(UserError, match=r"episode\(s\) \[2, 3\] out of range; the dataset has 2 episodes"):
         run_study(StudyConfig(from_run=phase_a_run, train_episodes="0-3", out=tmp_path / "study"))
     assert not (tmp_path / "study").exists()
+
+
+def test_a_condition_cut_short_continues_from_its_checkpoint(phase_a_run, tmp_path):
+    cfg = StudyConfig(from_run=phase_a_run, conditions="learner", seeds="2000", steps=4, eval_seeds="2000",
+                      eval_workers=1, eval_max_steps=2, train_episodes="0-1", calibration_episodes="0",
+                      heldout_episodes="1", fidelity=False, out=tmp_path / "study")
+    phase_b, _, run_dir = condition_run(cfg, cfg.out, "learner", 2000, cfg.quantise)
+    # The run the study would start, stopped by its time budget after its first step.
+    train_phase_b(dataclasses.replace(phase_b, out=run_dir, max_seconds=1e-9))
+    cut = json.loads((run_dir / "summary.json").read_text())
+    assert (cut["steps"], cut["stopped_by"]) == (1, "max_seconds")
+    run_study(cfg)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["first_step"], summary["steps"], summary["stopped_by"]) == (1, 4, "steps")
+    assert [p.name for p in cfg.out.iterdir() if p.is_dir()] == [run_dir.name]  # continued, not started anew

@@ -48,9 +48,9 @@ from hetlab.offload.quantise import QuantiseConfig
 from hetlab.runtime.workers import call_in_own_process
 from hetlab.seeds import parse_seeds
 
-# PhaseBConfig fields that say where a run is written, how often it saves and whether it was resumed,
-# not what it is.
-NOT_SETTINGS = frozenset({"out", "runs_dir", "checkpoint_every", "resume"})
+# PhaseBConfig fields that say where a run is written, how often it saves, whether it was resumed and
+# how long a launch may take, not what it is.
+NOT_SETTINGS = frozenset({"out", "runs_dir", "checkpoint_every", "resume", "max_seconds"})
 OFFLOAD_SETTINGS = frozenset({"offload_device", "offload_precision", "quantise", "calibration_episodes"})
 INT8_SETTINGS = frozenset({"quantise", "calibration_episodes"})
 CACHE_SETTINGS = frozenset({"cache_dtype"})
@@ -150,17 +150,15 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     runs = []
     for seed in seeds:
         for condition in conditions:
-            phase_b = PhaseBConfig(from_run=from_run, condition=condition, seed=seed, steps=cfg.steps,
-                                   train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
-                                   offload_device=cfg.offload_device, quantise=quantise,
-                                   power_interval=cfg.power_interval, power_command=cfg.power_command,
-                                   power_pattern=cfg.power_pattern, power_device=cfg.power_device)
-            wanted = run_settings(json.loads(json.dumps(dataclasses.asdict(phase_b), default=str)))
-            run_dir = out / f"{condition}-s{seed}-{digest(wanted)}"
-            if not _finished(run_dir / "summary.json", wanted,
-                             lambda: run_settings(read_run_config(run_dir)["phase_b"])):
+            phase_b, wanted, run_dir = condition_run(cfg, out, condition, seed, quantise)
+            # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
+            started = _finished(run_dir / "checkpoint.json", wanted,
+                                lambda: run_settings(read_run_config(run_dir)["phase_b"]))
+            summary = run_dir / "summary.json"
+            if not (started and summary.is_file() and json.loads(summary.read_text())["steps"] >= cfg.steps):
+                job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
                 try:
-                    call_in_own_process(_train, dataclasses.replace(phase_b, out=run_dir), name="phase-b")
+                    call_in_own_process(_train, job, name="phase-b")
                 except RuntimeError as e:
                     raise RuntimeError(f"Phase B {condition} seed {seed} failed; finished conditions are kept "
                                        f"in {out}") from e
@@ -179,6 +177,19 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
             calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
             heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
     return write_study_report(out, {"runs": runs, "fidelity": measured})
+
+
+def condition_run(cfg: StudyConfig, out: Path, condition: str, seed: int,
+                  quantise: QuantiseConfig) -> tuple[PhaseBConfig, dict, Path]:
+    """The Phase-B run the study trains for a condition and seed, the settings that shape its results,
+    and its directory (named by them)."""
+    phase_b = PhaseBConfig(from_run=Path(cfg.from_run).resolve(), condition=condition, seed=seed, steps=cfg.steps,
+                           train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
+                           offload_device=cfg.offload_device, quantise=quantise, power_interval=cfg.power_interval,
+                           power_command=cfg.power_command, power_pattern=cfg.power_pattern,
+                           power_device=cfg.power_device)
+    wanted = run_settings(json.loads(json.dumps(dataclasses.asdict(phase_b), default=str)))
+    return phase_b, wanted, out / f"{condition}-s{seed}-{digest(wanted)}"
 
 
 def _finished(record: Path, wanted: dict, stored) -> bool:
