@@ -63,7 +63,7 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations):
 def test_artefacts_summary_and_chrome_trace(tmp_path):
     run_dir, result = train(
         tmp_path, "--task", "cartpole-balance", "--envs", "16", "--collectors", "2", "--horizon", "8",
-        "--max-iterations", "4", *SMALL_NETS,
+        "--max-iterations", "4", "--eval-every", "2", "--eval-envs", "4", *SMALL_NETS,
     )
     assert run_dir.parent.name == "cartpole-balance-ppo" and run_dir.is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -78,6 +78,10 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
         own = (row["env_steps"] - before["env_steps"]) / (row["wall_seconds"] - before["wall_seconds"])
         assert row["iteration_env_steps_per_s"] == pytest.approx(own)
     assert history[0]["iteration_env_steps_per_s"] == history[0]["env_steps_per_s"]
+    # Deterministic evaluation every second iteration, in the history and on the console.
+    assert ["eval/return" in row for row in history] == [False, True, False, True]
+    assert all(1 <= row["eval/episode_length"] <= 500 for row in history if "eval/return" in row)
+    assert result.stdout.count("| eval return") == 2
     last = history[-1]
     assert f"{last['iteration_env_steps_per_s']:7,.0f} steps/s (avg {last['env_steps_per_s']:7,.0f})" in result.stdout
     config = json.loads((run_dir / "config.json").read_text())

@@ -19,7 +19,7 @@ from pathlib import Path
 from hetlab.files import atomic_path, write_text_atomic
 
 # Stages that do work; the rest is waiting.
-BUSY_STAGES = ("env_step", "load", "inference", "write", "transfer", "encode", "update")
+BUSY_STAGES = ("env_step", "load", "inference", "write", "transfer", "encode", "update", "publish", "evaluate")
 WAIT_STAGES = ("wait_slot", "wait_weights", "wait_data")
 
 

@@ -79,6 +79,8 @@ class TrainConfig:
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
     keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one
+    eval_every: int = 0  # iterations between deterministic evaluations of the policy (eval/* in the logs); 0 = none
+    eval_envs: int = 16  # envs of the evaluation, one episode each
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
@@ -175,6 +177,9 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.eval_every < 0 or cfg.eval_envs < 1:
+        raise UserError(f"--eval-every must be ≥ 0 (0 = no evaluation) and --eval-envs ≥ 1, got {cfg.eval_every} "
+                        f"and {cfg.eval_envs}")
     if cfg.keep_checkpoints < 0:
         raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {cfg.keep_checkpoints}")
     if cfg.max_seconds < 0:

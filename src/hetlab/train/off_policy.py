@@ -33,6 +33,7 @@ from hetlab.runtime.replay import ReplayBuffer, ReplayStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
+from hetlab.train.evaluation import PolicyEvaluation
 from hetlab.train.run import RunRecord, console, interrupt_guard, mean
 
 
@@ -61,6 +62,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episode_lengths: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
     first_steps, first_updates, first_iteration = 0.0, updates, iteration  # where this launch of the run started
+    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
+        if cfg.eval_every else None
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             ReplayBuffer(layout) as replay, ExitStack() as resources, pool:
@@ -149,6 +152,10 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                         lags.append(updates - meta["version"])
                 if server is not None:
                     timeline.add(iteration, "inference server", server.take_spans())
+                evaluated = {}
+                if evaluation is not None and (iteration + 1) % cfg.eval_every == 0:
+                    with learner.span("evaluate"):
+                        evaluated = evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 vector_steps = stager.vector_steps
                 wall = time.perf_counter() - start
@@ -168,6 +175,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                                                    for i in range(cfg.collectors)]),
                     **{f"loss/{k}": v for k, v in metrics.items()},
                     **pool.metrics(),
+                    **evaluated,
                 }, {name: mean([t[name] for t in terms]) for name in terms[0]} if terms else {})
                 metas = []
                 iteration += 1

@@ -16,6 +16,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import torch
+
 from hetlab.checkpoint import save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
@@ -24,6 +26,7 @@ from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
+from hetlab.train.evaluation import PolicyEvaluation
 from hetlab.train.run import RunRecord, console, interrupt_guard, mean
 
 
@@ -38,6 +41,8 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     episode_returns: deque[float] = deque(maxlen=100)
     episode_lengths: deque[float] = deque(maxlen=100)
     first_iteration = iteration
+    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
+        if cfg.eval_every else None
     start = time.perf_counter()
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
@@ -89,6 +94,10 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
                     timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                     collector_states[meta["collector"]] = meta["state"]
+                evaluated = {}
+                if evaluation is not None and (iteration + 1) % cfg.eval_every == 0:
+                    with learner.span("evaluate"):
+                        evaluated = evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
                 wall = time.perf_counter() - start
@@ -105,6 +114,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                                                    for i in range(cfg.collectors)]),
                     **{f"loss/{k}": v for k, v in metrics.items()},
                     **pool.metrics(),
+                    **evaluated,
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
                 iteration += 1
                 if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:

@@ -80,7 +80,8 @@ class RunRecord:
             f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
             f"return {row['mean_reward']:8.3f} | "
             f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
-            f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}",
+            f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}"
+            + (f" | eval return {row['eval/return']:8.3f}" if "eval/return" in row else ""),
             highlight=False, soft_wrap=True,
         )
         self.history.append(row)

@@ -1,0 +1,46 @@
+"""Deterministic evaluation during training (`--eval-every N`).
+
+The learner's current actor — its mean action, no exploration noise — plays one episode in each of
+`--eval-envs` envs of its own (a seed apart from the collectors', exact observations), between
+two updates, timed as the learner's `evaluate` span. Training returns mix exploration noise and
+episodes cut at any point of a rollout; this is the number to compare policies by.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from hetlab.tasks import make_task
+
+EVAL_SEED = 1_000_003  # the evaluation envs' seed, past the run's own
+
+
+class PolicyEvaluation:
+    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device):
+        self.task = make_task(task, num_envs=envs, sim=sim, threads=1, seed=seed + EVAL_SEED, obs_noise=0.0)
+        self.device = device
+
+    def run(self, actor: nn.Module) -> dict[str, float]:
+        """One episode per env from a fresh reset: the mean return and episode length."""
+        task = self.task
+        obs = task.reset()
+        returns = np.full(task.num_envs, np.nan)
+        lengths = np.full(task.num_envs, np.nan)
+        was_training = actor.training
+        actor.eval()  # batch norm (FlashSAC) must not learn from these observations
+        try:
+            with torch.no_grad():
+                for _ in range(task.max_episode_steps):
+                    actions = actor(torch.from_numpy(obs["policy"]).to(self.device)).float().cpu().numpy()
+                    obs, _, _, _, info = task.step(actions)
+                    for env, episode_return, length in zip(info.get("done_ids", ()), info.get("episode_return", ()),
+                                                           info.get("episode_length", ())):
+                        if np.isnan(returns[env]):  # the first episode of each env counts
+                            returns[env], lengths[env] = episode_return, length
+                    if not np.isnan(returns).any():
+                        break
+        finally:
+            actor.train(was_training)
+        return {"eval/return": float(np.mean(returns)), "eval/episode_length": float(np.mean(lengths))}

@@ -1,0 +1,23 @@
+"""Deterministic evaluation during training: one episode per env of its own, the same numbers
+for the same actor, and the actor's mode left as it was."""
+
+from __future__ import annotations
+
+import torch
+
+from hetlab.train.config import config_from_options
+from hetlab.train.evaluation import PolicyEvaluation
+
+
+def test_the_same_actor_scores_the_same_and_stays_in_training_mode():
+    cfg = config_from_options({"task": "cartpole-balance", "envs": 8, "ppo": {"actor_hidden": (16,), "critic_hidden": (16,)}})
+    actor = cfg.build_algorithm(torch.device("cpu")).actor.train()
+    evaluation = PolicyEvaluation("cartpole-balance", "mujoco", envs=6, seed=0, device=torch.device("cpu"))
+    first, second = evaluation.run(actor), evaluation.run(actor)
+    assert first == second
+    assert 1 <= first["eval/episode_length"] <= evaluation.task.max_episode_steps
+    # An untrained cartpole policy drops the pole: short episodes, each step's reward about 1.
+    assert first["eval/episode_length"] < 100 and 0 < first["eval/return"] <= first["eval/episode_length"]
+    assert actor.training
+    other = PolicyEvaluation("cartpole-balance", "mujoco", envs=6, seed=1, device=torch.device("cpu")).run(actor)
+    assert other != first  # the evaluation envs follow the run's seed
