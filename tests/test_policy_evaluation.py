@@ -16,8 +16,9 @@ def test_the_same_actor_scores_the_same_and_stays_in_training_mode():
     first, second = evaluation.run(actor), evaluation.run(actor)
     assert first == second
     assert 1 <= first["eval/episode_length"] <= evaluation.task.max_episode_steps
-    # An untrained cartpole policy drops the pole: short episodes, each step's reward about 1.
-    assert first["eval/episode_length"] < 100 and 0 < first["eval/return"] <= first["eval/episode_length"]
+    # An untrained cartpole policy drops the pole before the time limit; each step's reward is at most 1.
+    assert first["eval/episode_length"] < evaluation.task.max_episode_steps
+    assert 0 < first["eval/return"] <= first["eval/episode_length"]
     assert actor.training
     other = PolicyEvaluation("cartpole-balance", "mujoco", envs=6, seed=1, device=torch.device("cpu")).run(actor)
     assert other != first  # the evaluation envs follow the run's seed
