@@ -19,7 +19,7 @@ from pathlib import Path
 import hetlab
 from hetlab.devices import cpu_count
 from hetlab.files import write_text_atomic
-from hetlab.offload.cpu_isa import host_cpu
+from hetlab.cpu_isa import host_cpu
 
 META_FILE = "meta.json"
 LIBRARIES = ("torch", "numpy", "mujoco", "onnxruntime", "openvino", "ray", "av", "pyarrow", "safetensors")

@@ -8,7 +8,7 @@ import platform
 import pytest
 
 from hetlab.errors import UserError
-from hetlab.offload.cpu_isa import INT8_FLAGS, CpuFeatures, cpu_features, host_cpu, int8_kernels
+from hetlab.cpu_isa import INT8_FLAGS, CpuFeatures, cpu_features, host_cpu, int8_kernels
 from hetlab.offload.quantise import QuantiseConfig
 
 

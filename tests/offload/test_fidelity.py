@@ -14,7 +14,7 @@ from hetlab.aloha.record import RecordConfig, record
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
-from hetlab.offload.cpu_isa import CpuFeatures, int8_kernels
+from hetlab.cpu_isa import CpuFeatures, int8_kernels
 from hetlab.imitation.study import phase_a_fidelity
 from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, check_held_out, evenly_spaced_frames, shortfall
 from hetlab.offload.quantise import QuantiseConfig

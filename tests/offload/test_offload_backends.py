@@ -17,7 +17,7 @@ import torch
 from hetlab.errors import UserError
 from hetlab.offload.backends import (OPENVINO_MISSING, OnnxRuntimeBackend, OpenVinoBackend, TorchBackend,
                                      available_offload_devices, make_backend)
-from hetlab.offload.cpu_isa import int8_kernels
+from hetlab.cpu_isa import int8_kernels
 from hetlab.offload.feature_cache import FeatureCache, build_feature_cache
 from hetlab.offload.fidelity import mean_cosine
 from hetlab.offload.quantise import QuantiseConfig

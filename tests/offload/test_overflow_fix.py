@@ -21,9 +21,9 @@ import onnx.numpy_helper
 import pytest
 import torch
 
-import hetlab.offload.cpu_isa as cpu_isa
+import hetlab.cpu_isa as cpu_isa
 from hetlab.offload.backends import OnnxRuntimeBackend
-from hetlab.offload.cpu_isa import CpuFeatures, cpu_features, int8_kernels
+from hetlab.cpu_isa import CpuFeatures, cpu_features, int8_kernels
 from hetlab.offload.export import onnx_inputs
 from hetlab.offload.fidelity import mean_cosine
 from hetlab.offload.quantise import QuantiseConfig, activation_products, quantise_prefix

@@ -29,7 +29,7 @@ import torch
 
 from hetlab.errors import UserError
 from hetlab.onnx_export import require_onnx_runtime
-from hetlab.offload.cpu_isa import int8_kernels
+from hetlab.cpu_isa import int8_kernels
 from hetlab.offload.export import cut_prefix, export_prefix, onnx_inputs, output_names
 from hetlab.offload.quantise import QuantiseConfig, quantise_prefix
 from hetlab.policies.ar_actor import VisualEncoder

@@ -22,7 +22,7 @@ from hetlab.aloha.record import CAMERA_KEY
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.offload.backends import OnnxRuntimeBackend, TorchBackend
-from hetlab.offload.cpu_isa import Int8Kernels
+from hetlab.cpu_isa import Int8Kernels
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.policies.ar_actor import VisualEncoder
 

@@ -29,7 +29,7 @@ import numpy as np
 from hetlab.errors import UserError
 from hetlab.onnx_export import require_onnx_runtime
 from hetlab.files import atomic_path
-from hetlab.offload.cpu_isa import Int8Kernels, int8_kernels
+from hetlab.cpu_isa import Int8Kernels, int8_kernels
 from hetlab.offload.export import onnx_inputs
 
 CALIBRATION_BATCH = 8  # frames per calibration run (the histogram is over all of them either way)
