@@ -30,7 +30,6 @@ import torch
 
 from hetlab.algos import ALGOS
 from hetlab.tasks import task_class
-from hetlab.algos import ALGOS
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--task", default="go1-joystick-flat")

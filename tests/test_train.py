@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
 
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]

@@ -61,7 +61,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episode_returns: deque[float] = deque(maxlen=100)
     episode_lengths: deque[float] = deque(maxlen=100)
     start = time.perf_counter()
-    first_steps, first_updates, first_iteration = 0.0, updates, iteration  # where this launch of the run started
+    first_steps, first_updates = 0.0, updates  # where this launch of the run started
     evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
         if cfg.eval_every else None
     stopped_by = "max_iterations"

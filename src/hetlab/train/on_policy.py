@@ -118,18 +118,19 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
                 iteration += 1
                 if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
-                    _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
+                    _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
         finally:
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()
             pool.stop(ring.drain_one)
     if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
-        _checkpoint(run_dir, record, iteration, algo, collector_states, sync)
+        _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
 
 
-def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool) -> None:
+def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool,
+                keep: int) -> None:
     # The collectors' states match the learner's at a sync run's iteration boundaries (also
     # when it stops early); an async run resumes from fresh episodes instead.
     exact = sync and all(state is not None for state in collector_states)
@@ -137,5 +138,5 @@ def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collecto
         "iteration": iteration,
         "algo": algo.state_dict(),
         "collectors": collector_states if exact else [None] * len(collector_states),
-    }, keep=cfg.keep_checkpoints)
+    }, keep=keep)
     record.save_history()
