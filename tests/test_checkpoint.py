@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import hetlab.checkpoint as checkpoint
-from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
+from hetlab.checkpoint import KEEP, load_checkpoint, mark_best, read_best, save_checkpoint
 from hetlab.errors import UserError
 
 
@@ -82,6 +82,21 @@ def test_keep_zero_keeps_every_checkpoint_and_any_kept_one_loads_by_iteration(tm
     assert load_checkpoint(tmp_path, 200)["weights"][0] == 2.5
     with pytest.raises(UserError, match=r"keeps no checkpoint of step 150; it keeps step\(s\) 100, 200, 300"):
         load_checkpoint(tmp_path, 150)
+
+
+def test_the_best_checkpoint_outlives_newer_ones_and_loads_by_name(tmp_path):
+    save_checkpoint(tmp_path, 1, state(1.0))
+    with pytest.raises(UserError, match="has no best checkpoint; runs trained with --eval-every N keep"):
+        load_checkpoint(tmp_path, "best")
+    save_checkpoint(tmp_path, 2, state(2.0))
+    mark_best(tmp_path, 2, {"eval/return": 7.5})
+    for iteration in (3, 4, 5):
+        save_checkpoint(tmp_path, iteration, state(float(iteration)))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["0000002", "0000004", "0000005"]
+    assert load_checkpoint(tmp_path, "best")["weights"][0] == 2.0 and read_best(tmp_path)["eval/return"] == 7.5
+    assert load_checkpoint(tmp_path, "latest")["weights"][0] == load_checkpoint(tmp_path, "5")["weights"][0] == 5.0
+    with pytest.raises(UserError, match="--checkpoint 'newest': give an iteration"):
+        load_checkpoint(tmp_path, "newest")
 
 
 def test_every_file_is_on_disk_before_checkpoint_json_names_it(tmp_path, monkeypatch):

@@ -81,6 +81,14 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert ["eval/return" in row for row in history] == [False, True, False, True]
     assert all(1 <= row["eval/episode_length"] <= 500 for row in history if "eval/return" in row)
     assert result.stdout.count("| eval return") == 2
+    # The best evaluated policy is kept as a checkpoint of its own, whatever came after it.
+    best = json.loads((run_dir / "best.json").read_text())
+    evaluated = {row["iteration"] + 1: row["eval/return"] for row in history if "eval/return" in row}
+    assert best["iteration"] in evaluated and best["eval/return"] == max(evaluated.values())
+    assert (run_dir / "checkpoints" / f"{best['iteration']:07d}").is_dir()
+    exported = subprocess.run([HETLAB, "export", str(run_dir), "--checkpoint", "best", "--out", str(tmp_path / "b.onnx")],
+                              capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0 and (tmp_path / "b.onnx").is_file(), exported.stderr[-2000:]
     last = history[-1]
     assert f"{last['iteration_env_steps_per_s']:7,.0f} steps/s (avg {last['env_steps_per_s']:7,.0f})" in result.stdout
     config = json.loads((run_dir / "config.json").read_text())

@@ -25,9 +25,9 @@ def train_policy(**options) -> Path:
     return train(config_from_options(options))
 
 
-def load_policy(run_dir: str | Path, checkpoint: int | None = None):
-    """The deterministic policy of a run's newest checkpoint (or iteration `checkpoint`'s), on the
-    CPU: `.act(obs)`."""
+def load_policy(run_dir: str | Path, checkpoint: int | str | None = None):
+    """The deterministic policy of a run's newest checkpoint (or `checkpoint`: an iteration, "best" or
+    "latest"), on the CPU: `.act(obs)`."""
     from hetlab.deploy.policy import load_policy as load
 
     return load(run_dir, checkpoint)

@@ -7,6 +7,8 @@ renamed whole; `checkpoint.json` in the run directory then names the newest one.
 that `checkpoint.json` names is never removed before the pointer has moved on, so a crash at any
 moment leaves it naming a complete checkpoint: a second save of one iteration (a run stopped at
 a checkpoint boundary) goes to `<iteration>-b` (or back to `<iteration>`) rather than over it.
+`best.json` names the iteration whose policy evaluated best (`mark_best`); its checkpoint is
+kept however many newer ones there are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hetlab.errors import UserError
 from hetlab.files import fsync_directory, fsync_tree, temporary_sibling, temporary_target, write_text_atomic
 
 KEEP = 2  # newest checkpoints kept per run
+BEST_FILE = "best.json"
 CHECKPOINT_NAME = re.compile(r"[0-9]{7,}(-b)?")  # <iteration>, or <iteration>-b for its second save
 
 
@@ -79,20 +82,21 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": final.name, "iteration": iteration}))
-    for old in _superseded(checkpoints, final, keep):  # only now that the pointer has moved
+    best = read_best(run_dir)
+    for old in _superseded(checkpoints, final, keep, best["iteration"] if best else None):  # the pointer has moved
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _superseded(checkpoints: Path, final: Path, keep: int) -> list[Path]:
+def _superseded(checkpoints: Path, final: Path, keep: int, best: int | None) -> list[Path]:
     """What a save of `final` makes obsolete: the other checkpoint of its iteration, those beyond the `keep`
-    newest (0: none), and temporary directories a crash left behind."""
+    newest (0: none) but the `best` iteration's, and temporary directories a crash left behind."""
     entries = list(checkpoints.iterdir())
     saved = [p for p in entries if CHECKPOINT_NAME.fullmatch(p.name)]
     replaced = [p for p in saved if p != final and checkpoint_iteration(p) == checkpoint_iteration(final)]
     newest = sorted((p for p in saved if p not in replaced), key=checkpoint_iteration)
     temporaries = [p for p in entries if CHECKPOINT_NAME.fullmatch(temporary_target(p) or "")]
-    older = newest[:-keep] if keep else []
+    older = [p for p in newest[:-keep] if checkpoint_iteration(p) != best] if keep else []
     return replaced + [p for p in older if p != final] + temporaries
 
 
@@ -110,8 +114,24 @@ def _named(run_dir: Path) -> str | None:
         return None
 
 
-def checkpoint_dir(run_dir: Path, iteration: int | None = None) -> Path:
-    """The directory of the run's newest checkpoint, or of the one saved at `iteration`."""
+def mark_best(run_dir: Path, iteration: int, scores: dict[str, float]) -> None:
+    """Name the checkpoint of `iteration` (already saved) the run's best, with the scores that made it so."""
+    write_text_atomic(run_dir / BEST_FILE, json.dumps({"iteration": iteration, **scores}))
+
+
+def read_best(run_dir: Path) -> dict | None:
+    """best.json: the best checkpoint's iteration and scores; None if the run has none."""
+    try:
+        return json.loads((run_dir / BEST_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as e:
+        raise UserError(f"{run_dir / BEST_FILE} is corrupt ({e}); delete it (the next evaluation writes it again)") from e
+
+
+def checkpoint_dir(run_dir: Path, iteration: int | str | None = None) -> Path:
+    """The directory of the run's newest checkpoint (`iteration` None or "latest"), of its best
+    ("best"), or of the one saved at `iteration` (a number)."""
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
         raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
@@ -119,8 +139,18 @@ def checkpoint_dir(run_dir: Path, iteration: int | None = None) -> Path:
         newest = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{pointer} is corrupt ({e}); write {{\"latest\": \"<a directory in checkpoints/>\"}} into it") from e
-    if iteration is None:
+    if iteration in (None, "latest"):
         return newest
+    if iteration == "best":
+        best = read_best(run_dir)
+        if best is None:
+            raise UserError(f"{run_dir} has no best checkpoint; runs trained with --eval-every N keep the one whose "
+                            "policy evaluated best")
+        iteration = best["iteration"]
+    elif isinstance(iteration, str):
+        if not iteration.isdigit():
+            raise UserError(f"--checkpoint {iteration!r}: give an iteration (a number), best or latest")
+        iteration = int(iteration)
     kept = sorted(p for p in (run_dir / "checkpoints").iterdir() if CHECKPOINT_NAME.fullmatch(p.name))
     at = [p for p in kept if checkpoint_iteration(p) == iteration]
     if not at:
@@ -134,8 +164,8 @@ def checkpoint_iteration(checkpoint: Path) -> int:
     return int(checkpoint.name.partition("-")[0])
 
 
-def load_checkpoint(run_dir: Path, iteration: int | None = None) -> dict[str, Any]:
-    """The newest checkpoint's state, or that of the one saved at `iteration`."""
+def load_checkpoint(run_dir: Path, iteration: int | str | None = None) -> dict[str, Any]:
+    """The state of the checkpoint `checkpoint_dir` finds for `iteration` (default the newest)."""
     path = checkpoint_dir(run_dir, iteration)
     pointer = run_dir / "checkpoint.json"
     try:

@@ -174,7 +174,8 @@ def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -
 class ExportConfig:
     run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
     out: Path | None = None  # default: RUN_DIR/policy.onnx
-    checkpoint: int | None = None  # the iteration of a kept checkpoint (RUN_DIR/checkpoints); default the newest
+    # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest
+    checkpoint: str = "latest"
 
 
 @app.command(name="export")
@@ -197,7 +198,8 @@ class PlayConfig:
     width: int = 640  # video width in pixels (even)
     height: int = 480  # video height in pixels (even)
     seed: int | None = None  # default: the run's seed
-    checkpoint: int | None = None  # the iteration of a kept checkpoint (RUN_DIR/checkpoints); default the newest
+    # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest
+    checkpoint: str = "latest"
     json: bool = False  # print the result as JSON
 
 

@@ -46,7 +46,7 @@ class Exported:
     metadata: dict[str, str]  # the file's metadata properties
 
 
-def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: int | None = None) -> Exported:
+def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: int | str | None = None) -> Exported:
     """Export the run's policy (newest checkpoint, or iteration `checkpoint`'s) to ONNX, verify it with
     ONNX Runtime, and describe it."""
     ort = require_onnx_runtime()

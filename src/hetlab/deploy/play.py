@@ -32,7 +32,7 @@ CODECS = {"h264": {}, "mpeg4": {"b": "4M"}}
 
 
 def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: int = 640, height: int = 480,
-         seed: int | None = None, checkpoint: int | None = None) -> dict:
+         seed: int | None = None, checkpoint: int | str | None = None) -> dict:
     """Record the run's policy to `video`; returns the frame count, fps and every episode seen
     (return, length, and how it ended: "terminated", "truncated", or "video" if still running).
     `seed` defaults to the run's own."""

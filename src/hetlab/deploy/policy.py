@@ -39,8 +39,8 @@ class RunPolicy:
             return self.actor(obs).numpy()
 
 
-def load_policy(run_dir: Path | str, checkpoint: int | None = None) -> RunPolicy:
-    """The run's policy at its newest checkpoint, or at the one of iteration `checkpoint`."""
+def load_policy(run_dir: Path | str, checkpoint: int | str | None = None) -> RunPolicy:
+    """The run's policy at its newest checkpoint, or at `checkpoint`: an iteration, "best" or "latest"."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
     state = load_checkpoint(run_dir, checkpoint)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hetlab.checkpoint import checkpoint_dir, save_checkpoint
+from hetlab.checkpoint import checkpoint_dir, mark_best, read_best, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, fresh_episodes, run_transition_collector
 from hetlab.runtime.inference_server import InferenceServer
@@ -64,6 +64,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
     evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
         if cfg.eval_every else None
+    best = read_best(run_dir)
+    best_return = best["eval/return"] if best else -math.inf
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             ReplayBuffer(layout) as replay, ExitStack() as resources, pool:
@@ -179,8 +181,12 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 }, {name: mean([t[name] for t in terms]) for name in terms[0]} if terms else {})
                 metas = []
                 iteration += 1
-                if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
+                improved = bool(evaluated) and evaluated["eval/return"] > best_return
+                if improved or iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
                     _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
+                if improved:  # the policy just evaluated is the one the checkpoint holds
+                    best_return = evaluated["eval/return"]
+                    mark_best(run_dir, iteration, evaluated)
             if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
                 _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
         finally:

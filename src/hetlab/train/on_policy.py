@@ -12,13 +12,14 @@ a run that was not failed writes its summary, trace and plots.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
 
-from hetlab.checkpoint import save_checkpoint
+from hetlab.checkpoint import mark_best, read_best, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
 from hetlab.runtime.pool import CollectorJob, CollectorPool
@@ -43,6 +44,8 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     first_iteration = iteration
     evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
         if cfg.eval_every else None
+    best = read_best(run_dir)
+    best_return = best["eval/return"] if best else -math.inf
     start = time.perf_counter()
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
@@ -117,8 +120,12 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     **evaluated,
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
                 iteration += 1
-                if iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
+                improved = bool(evaluated) and evaluated["eval/return"] > best_return
+                if improved or iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
                     _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
+                if improved:  # the policy just evaluated is the one the checkpoint holds
+                    best_return = evaluated["eval/return"]
+                    mark_best(run_dir, iteration, evaluated)
         finally:
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:
