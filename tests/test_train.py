@@ -81,6 +81,7 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert ["eval/return" in row for row in history] == [False, True, False, True]
     assert all(1 <= row["eval/episode_length"] <= 500 for row in history if "eval/return" in row)
     assert result.stdout.count("| eval return") == 2
+    assert f"curves: tensorboard --logdir {run_dir / 'tensorboard'}" in result.stdout
     # The best evaluated policy is kept as a checkpoint of its own, whatever came after it.
     best = json.loads((run_dir / "best.json").read_text())
     evaluated = {row["iteration"] + 1: row["eval/return"] for row in history if "eval/return" in row}

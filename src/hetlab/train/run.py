@@ -138,7 +138,7 @@ class RunRecord:
         if history:
             self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
-        _print_summary(summary)
+        _print_summary(summary, self.run_dir)
         return summary
 
 
@@ -152,19 +152,29 @@ def _plot_reward(path: Path, history: list[dict], title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([row["wall_seconds"] / 60 for row in history], [row["mean_reward"] for row in history])
-    ax.set_xlabel("wall-clock minutes")
-    ax.set_ylabel("mean episode return (last 100)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    # Against env steps (what sample efficiency is judged by) and wall time (what it cost here);
+    # the deterministic evaluation's return where the run made one (--eval-every).
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), sharey=True)
+    evaluated = [row for row in history if "eval/return" in row]
+    for ax, x, label in ((axes[0], "env_steps", "env steps"), (axes[1], "wall_seconds", "wall-clock minutes")):
+        scale = 1 / 60 if x == "wall_seconds" else 1
+        ax.plot([row[x] * scale for row in history], [row["mean_reward"] for row in history],
+                label="training episodes (mean return of the last 100)")
+        if evaluated:
+            ax.plot([row[x] * scale for row in evaluated], [row["eval/return"] for row in evaluated], "o-",
+                    label="deterministic evaluation")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("episode return")
+    axes[0].legend(fontsize="small")
+    fig.suptitle(title)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120)
     plt.close(fig)
 
 
-def _print_summary(summary: dict) -> None:
+def _print_summary(summary: dict, run_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title="run summary", show_header=False)
@@ -173,3 +183,5 @@ def _print_summary(summary: dict) -> None:
         value = summary[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     console.print(table)
+    console.print(f"in {run_dir}: reward.png, time_breakdown.png, summary.json, history.json, trace.json "
+                  f"(Perfetto); curves: tensorboard --logdir {run_dir / 'tensorboard'}", highlight=False, soft_wrap=True)
