@@ -382,7 +382,10 @@ def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
     with progress:
         report = evaluate(cfg, progress)
     low, high = report["wilson95"]
-    console.print(f"success {report['successes']}/{report['episodes']} = {100 * report['success_rate']:.1f} % "
+    seeds = {True: "held-out seeds", False: "seeds of training episodes", None: "seeds (held out: unknown, the "
+             "dataset is gone)"}[report["held_out"]]
+    console.print(f"success {report['successes']}/{report['episodes']} = {100 * report['success_rate']:.1f} % on "
+                  f"{seeds}, step {report['step']} "
                   f"(Wilson 95 %: {100 * low:.1f}–{100 * high:.1f} %) in {report['wall_s']:.0f} s with "
                   f"{report['workers']} workers → {report['out']}/results.json", highlight=False, soft_wrap=True)
 
