@@ -13,6 +13,7 @@ from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, eval_env, evaluat
 from hetlab.measure.stats import wilson_interval
 from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
 from hetlab.cli import main
+from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
 from hetlab.errors import UserError
 
 MAX_STEPS = 30  # a few policy chunks per episode keeps the test short; the task's episodes are 400 steps
@@ -144,3 +145,19 @@ def test_a_kept_checkpoint_is_evaluated_by_its_step(run, tmp_path):
     with pytest.raises(UserError, match=r"keeps no checkpoint of step 5; it keeps step\(s\) 10"):
         evaluate(EvalConfig(run=run, seeds="2000", checkpoint=5, out=tmp_path / "eval"))
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_dataset_that_does_not_name_its_seeds_leaves_held_out_unknown(tmp_path):
+    # A LeRobot dataset made elsewhere has no `seed` column: nothing to refuse, and the report says so.
+    spec = DatasetSpec(fps=50, task="t", robot_type="aloha", state_names=tuple(f"q{i}" for i in range(14)),
+                       action_names=tuple(f"u{i}" for i in range(14)), cameras=("observation.images.top",),
+                       height=64, width=96)
+    rng = np.random.default_rng(0)
+    with LeRobotWriter(tmp_path / "elsewhere", spec) as writer:
+        writer.add_episode({"observation.images.top": rng.integers(0, 255, (12, 64, 96, 3), dtype=np.uint8)},
+                           rng.standard_normal((12, 14)).astype(np.float32),
+                           rng.standard_normal((12, 14)).astype(np.float32))
+    run = train_phase_a(PhaseAConfig(dataset=tmp_path / "elsewhere", preset="tiny", train_episodes="0", steps=2,
+                                     loader_workers=0, runs_dir=tmp_path / "runs"))
+    report = evaluate(EvalConfig(run=run, seeds="0", workers=1, videos=0, max_steps=2, out=tmp_path / "eval"))
+    assert report["held_out"] is None

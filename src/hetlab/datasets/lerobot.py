@@ -226,19 +226,17 @@ def _load_episode_rows(root: Path, video_keys: list[str]) -> dict[int, dict]:
     return rows
 
 
-def episode_seeds(root: Path | str, episodes: Sequence[int]) -> dict[int, int]:
-    """The environment seed each of `episodes` was recorded from (hetlab's `seed` column), by episode."""
+def episode_seeds(root: Path | str, episodes: Sequence[int]) -> dict[int, int | None]:
+    """The environment seed each of `episodes` was recorded from (hetlab's `seed` column), by
+    episode; None for episodes of datasets made otherwise, which do not say."""
     root = Path(root)
-    seeds = {}
+    seeds: dict[int, int | None] = {}
     for path in sorted((root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
-        for row in _read_parquet(path, ["episode_index", "seed"]).to_pylist():
-            seeds[row["episode_index"]] = row["seed"]
+        for row in _read_parquet(path, ["episode_index"], optional=["seed"]).to_pylist():
+            seeds[row["episode_index"]] = row.get("seed")
     absent = [e for e in episodes if e not in seeds]
     if absent:
         raise UserError(f"{root}: episode(s) {absent} out of range; the dataset has {len(seeds)} episodes")
-    missing = [e for e in episodes if seeds[e] is None]
-    if missing:
-        raise UserError(f"{root}: episode(s) {missing} name no environment seed (not recorded by `hetlab aloha record`)")
     return {e: seeds[e] for e in episodes}
 
 
@@ -258,7 +256,8 @@ def _select(root: Path, rows: dict[int, dict], episodes: Sequence[int] | None) -
     return selected
 
 
-def _read_parquet(path: Path, columns: Sequence[str]) -> pa.Table:
+def _read_parquet(path: Path, columns: Sequence[str], optional: Sequence[str] = ()) -> pa.Table:
+    """`columns` of a parquet file (UserError naming any missing), and those of `optional` it has."""
     if not path.is_file():
         raise UserError(f"{path}: file missing; restore it or record the dataset again")
     try:
@@ -267,7 +266,7 @@ def _read_parquet(path: Path, columns: Sequence[str]) -> pa.Table:
         if missing:
             raise UserError(f"{path}: missing column(s) {', '.join(missing)}; the file is not LeRobot v3.0 "
                             "data, restore it or record the dataset again")
-        return pq.read_table(path, columns=list(columns))
+        return pq.read_table(path, columns=[*columns, *(c for c in optional if c in names)])
     except (pa.ArrowException, OSError) as e:
         raise UserError(f"{path}: cannot read it ({e}); the file is corrupt, restore it") from e
 

@@ -95,7 +95,7 @@ def load_eval_policy(run_dir: Path, step: int | None = None):
 
 def training_seeds(config: dict, more_episodes: str | None = None) -> set[int] | None:
     """The environment seeds of the episodes a run (and, for Phase B, its Phase-A run) trained on,
-    with `more_episodes` of the same dataset; None when the dataset is no longer there to say."""
+    with `more_episodes` of the same dataset; None when the dataset is gone or does not record them."""
     runs = [config]
     if config["phase"] == "B":
         runs.insert(0, read_run_config(Path(config["phase_b"]["from_run"])))
@@ -104,7 +104,8 @@ def training_seeds(config: dict, more_episodes: str | None = None) -> set[int] |
         return None
     lists = [run[f"phase_{run['phase'].lower()}"]["train_episodes"] for run in runs] + [more_episodes or ""]
     episodes = {e for text in lists if text for e in parse_seeds(text, "--train-episodes")}
-    return set(episode_seeds(dataset, sorted(episodes)).values())
+    seeds = set(episode_seeds(dataset, sorted(episodes)).values())
+    return None if None in seeds else seeds
 
 
 def check_seeds_held_out(seeds: list[int], trained_on: set[int] | None, option: str, otherwise: str = "") -> None:
