@@ -256,8 +256,10 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         state = load_checkpoint(run_dir)
         restored = config_from_json(saved, run_dir)
         refuse_changed_options(cfg, restored, run_dir)
+        # A run that keeps every checkpoint goes on doing so unless told otherwise.
+        keep = cfg.keep_checkpoints if cfg.keep_checkpoints != PhaseAConfig.keep_checkpoints else restored.keep_checkpoints
         cfg = dataclasses.replace(restored, steps=cfg.steps or restored.steps, max_seconds=cfg.max_seconds,
-                                  keep_checkpoints=cfg.keep_checkpoints, resume=cfg.resume)
+                                  keep_checkpoints=keep, resume=cfg.resume)
     else:
         cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu")
     preset = cfg.resolved

@@ -30,6 +30,9 @@ from hetlab.train.on_policy import train_on_policy
 # else is the run's own; a command line that asks for another value is refused.
 RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "eval_envs", "resume", "ray", "ray_pool.max_restarts")
+# Of those, the ones a resume left at their defaults keeps as the run had them: a run that keeps
+# every checkpoint, or evaluates, goes on doing so.
+KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs")
 
 
 def train(cfg: TrainConfig) -> Path:
@@ -102,10 +105,13 @@ def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
         if option not in RESUMABLE_OPTIONS:
             raise UserError(f"--resume continues {given.resume} with its own options, but --{option.replace('_', '-')} "
                             f"asks for {value!r} where the run has {own!r}; start a new run to change it")
+    defaults = TrainConfig()
     for option in RESUMABLE_OPTIONS:
         value = given
         for name in option.split("."):
             value = getattr(value, name)
+        if option in KEPT_UNLESS_GIVEN and value == getattr(defaults, option):
+            continue
         saved = with_option(saved, tuple(option.split(".")), value)
     return saved
 
