@@ -108,6 +108,12 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     roles = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
     assert roles >= {"learner", "collector 0", "collector 1", "stager"}
     assert any((run_dir / "tensorboard").iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert "eval/return" in events.Tags()["scalars"]
+    assert set(events.PluginTagToContent("hparams")) >= {"_hparams_/experiment", "_hparams_/session_start_info"}
 
 
 def test_sync_resume_is_exact(tmp_path, assert_same_weights):

@@ -61,6 +61,11 @@ class RunRecord:
             self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
                                         _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
         self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+        if not first_iteration:  # the options in TensorBoard's HPARAMS tab, beside the curves they led to
+            from torch.utils.tensorboard.summary import hparams
+
+            for summary in hparams(hyperparameters(cfg), dict.fromkeys(("train/mean_reward", "eval/return"), 0.0)):
+                self.writer.file_writer.add_summary(summary)
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
         """An iteration's row (its wall_seconds counted within this launch; env_steps_per_s the
@@ -140,6 +145,20 @@ class RunRecord:
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
         _print_summary(summary, self.run_dir)
         return summary
+
+
+def hyperparameters(cfg) -> dict[str, int | float | str | bool]:
+    """The run's options as TensorBoard's hparams take them: the top-level ones and the chosen
+    algorithm's (`ppo.gamma`), sequences and None as text."""
+    import dataclasses
+
+    def scalar(value):
+        return value if isinstance(value, (int, float, str, bool)) else str(value)
+
+    options = {f.name: scalar(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+               if not dataclasses.is_dataclass(getattr(cfg, f.name))}
+    algo = cfg.algo_config
+    return options | {f"{cfg.algo}.{f.name}": scalar(getattr(algo, f.name)) for f in dataclasses.fields(algo)}
 
 
 def _read_json(path: Path, missing):
