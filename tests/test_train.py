@@ -224,6 +224,9 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--algo", "sac", "--off-policy.replay-capacity", "100000000000"], "needs"),  # ~100 TB of replay
         (["--max-seconds", "-3"], "--max-seconds must be ≥ 0 (0 = no limit), got -3.0"),
         (["--seed", "-1"], "--seed must be ≥ 0, got -1"),
+        (["--device", "mps"], "device 'mps' is not available on this machine"),  # no Apple GPU on Linux
+        (["--eval-every", "-1"], "--eval-every must be ≥ 0"),
+        (["--keep-checkpoints", "-2"], "--keep-checkpoints must be ≥ 0"),
     ],
 )
 def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):
