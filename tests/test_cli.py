@@ -122,7 +122,7 @@ def test_every_option_of_every_command_says_what_it_does():
         for action in parser._actions:
             if action.option_strings and action.option_strings[0] != "-h":
                 # tyro appends the default; an option that says nothing else has no description.
-                text = re.sub(r"\((default|fixed to)[^)]*\)|\(required\)", "", action.help or "").strip()
+                text = re.sub(r"\((default|fixed to): .*\)$|\(required\)$", "", (action.help or "").strip()).strip()
                 if not text:
                     bare.append(f"hetlab {name} {action.option_strings[0]}")
     assert not bare, bare

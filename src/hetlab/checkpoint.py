@@ -166,7 +166,11 @@ def checkpoint_iteration(checkpoint: Path) -> int:
 
 def load_checkpoint(run_dir: Path, iteration: int | str | None = None) -> dict[str, Any]:
     """The state of the checkpoint `checkpoint_dir` finds for `iteration` (default the newest)."""
-    path = checkpoint_dir(run_dir, iteration)
+    return read_checkpoint(run_dir, checkpoint_dir(run_dir, iteration))
+
+
+def read_checkpoint(run_dir: Path, path: Path) -> dict[str, Any]:
+    """The state of `run_dir`'s checkpoint directory `path`."""
     pointer = run_dir / "checkpoint.json"
     try:
         tensors = load_file(path / "tensors.safetensors")

@@ -298,7 +298,8 @@ class AlohaTrainConfig:
     preset: Literal["paper", "cpu", "tiny"] | None = None
     imagenet_weights: Path | None = None  # torchvision resnet18 weights for the backbone
     loader_workers: int = 0  # processes decoding video; 0 = in the training process (~1 ms a frame)
-    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one (to evaluate along the way)
+    # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
+    keep_checkpoints: int | None = None
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # learner autocast; auto = bf16 on capable GPUs
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile; auto = on CUDA
     resume: Path | None = None  # a Phase-A run to continue
@@ -383,7 +384,7 @@ def aloha_eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:
         report = evaluate(cfg, progress)
     low, high = report["wilson95"]
     seeds = {True: "held-out seeds", False: "seeds of training episodes", None: "seeds (held out: unknown, the "
-             "dataset is gone)"}[report["held_out"]]
+             "dataset is missing or does not record its seeds)"}[report["held_out"]]
     console.print(f"success {report['successes']}/{report['episodes']} = {100 * report['success_rate']:.1f} % on "
                   f"{seeds}, step {report['step']} "
                   f"(Wilson 95 %: {100 * low:.1f}–{100 * high:.1f} %) in {report['wall_s']:.0f} s with "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetlab.imitation.phase_a import PhaseAConfig, batch_indices, open_dataset, train_phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, batch_indices, open_dataset, run_render_quality, train_phase_a
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
@@ -79,7 +79,8 @@ def test_cache_condition_reproduces_the_learner_only_batches(phase_a_run, learne
     summary = json.loads((run / "summary.json").read_text())
     cache = FeatureCache(Path(phase_a_run) / "offload" / "cache-fp16-0-1", summary["cache"]["key"])
     model, config, _ = frozen_encoder(phase_a_run)
-    dataset = open_dataset(Path(config["phase_a"]["dataset"]), "0-1", tuple(config["image_size"]), model.cfg.chunk)
+    dataset = open_dataset(Path(config["phase_a"]["dataset"]), "0-1", tuple(config["image_size"]), model.cfg.chunk,
+                           f"Phase-A run {phase_a_run}", run_render_quality(config))
     indices = batch_indices(1, 8, len(dataset), 2000)
     items = [dataset[int(i)] for i in indices]
     images = torch.stack([item[CAMERA_KEY] for item in items]).float() / 255

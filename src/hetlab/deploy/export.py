@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 import hetlab
-from hetlab.checkpoint import checkpoint_dir
 from hetlab.deploy.policy import load_policy
 from hetlab.files import atomic_path
 from hetlab.onnx_export import quiet_exporter, require_onnx_runtime
@@ -67,7 +66,7 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: 
         metadata = {"hetlab.task": policy.task, "hetlab.sim": policy.sim, "hetlab.obs": f"policy [{policy.obs_size}]",
                     "hetlab.actions": f"[{policy.action_size}] in [-1, 1], as the task scales them",
                     "hetlab.task_config": json.dumps(dataclasses.asdict(task_config), default=str),
-                    "hetlab.checkpoint": str(checkpoint_dir(Path(run_dir), checkpoint)), "hetlab.version": hetlab.__version__,
+                    "hetlab.checkpoint": str(policy.checkpoint), "hetlab.version": hetlab.__version__,
                     "hetlab.parity_max_abs_error": f"{error:.3g}"}
         model = onnx.load(str(tmp))
         onnx.helper.set_model_props(model, metadata)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetlab.checkpoint import load_checkpoint
+from hetlab.checkpoint import checkpoint_dir, read_checkpoint
 from hetlab.errors import UserError
 from hetlab.tasks import task_class
 from hetlab.train.config import load_run_config
@@ -28,6 +28,7 @@ class RunPolicy:
     actor: nn.Module  # forward(obs [batch, policy obs]) -> deterministic actions [batch, actions]
     obs_size: int
     action_size: int
+    checkpoint: Path  # the checkpoint directory it was read from
 
     def act(self, observations) -> np.ndarray:
         """Deterministic actions (batch, action_size) for policy observations (batch, obs_size)."""
@@ -43,11 +44,13 @@ def load_policy(run_dir: Path | str, checkpoint: int | str | None = None) -> Run
     """The run's policy at its newest checkpoint, or at `checkpoint`: an iteration, "best" or "latest"."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
-    state = load_checkpoint(run_dir, checkpoint)
+    path = checkpoint_dir(run_dir, checkpoint)
+    state = read_checkpoint(run_dir, path)
     algo = config.build_algorithm(torch.device("cpu"))
     try:
         algo.load_state_dict(state["algo"])
     except (KeyError, RuntimeError, ValueError) as e:
         raise UserError(f"the checkpoint in {run_dir} does not fit its config.json ({e}); was either edited?") from e
     task = task_class(config.task)
-    return RunPolicy(config.task, config.sim, config.seed, algo.actor.eval(), task.obs_sizes["policy"], task.action_size)
+    return RunPolicy(config.task, config.sim, config.seed, algo.actor.eval(), task.obs_sizes["policy"], task.action_size,
+                     path)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hetlab.aloha.record import CAMERA_KEY, recorded_render_quality
-from hetlab.checkpoint import load_checkpoint, save_checkpoint
+from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import LearnerDevice, cpu_count, pick_device
 from hetlab.errors import UserError
@@ -78,7 +78,8 @@ class PhaseAConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPUs that have it
     compile: Literal["auto", "on", "off"] = "auto"  # auto: torch.compile on CUDA
     max_seconds: float = 0.0  # stop (with a checkpoint) after this long; 0 = no limit
-    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one (to evaluate along the way)
+    # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
+    keep_checkpoints: int | None = None
     runs_dir: Path = Path("runs")
     resume: Path | None = None  # a Phase-A run directory to continue
 
@@ -93,7 +94,7 @@ class PhaseAConfig:
             raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {self.max_seconds}")
         if self.batch < 1:
             raise UserError(f"--batch must be ≥ 1, got {self.batch}")
-        if self.keep_checkpoints < 0:
+        if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
             raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {self.keep_checkpoints}")
         if self.lr is not None and not self.lr > 0:
             raise UserError(f"--lr must be > 0, got {self.lr}")
@@ -256,12 +257,17 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         state = load_checkpoint(run_dir)
         restored = config_from_json(saved, run_dir)
         refuse_changed_options(cfg, restored, run_dir)
-        # A run that keeps every checkpoint goes on doing so unless told otherwise.
-        keep = cfg.keep_checkpoints if cfg.keep_checkpoints != PhaseAConfig.keep_checkpoints else restored.keep_checkpoints
-        cfg = dataclasses.replace(restored, steps=cfg.steps or restored.steps, max_seconds=cfg.max_seconds,
-                                  keep_checkpoints=keep, resume=cfg.resume)
-    else:
-        cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu")
+        # Options left unset keep the run's values (a run that keeps every checkpoint goes on doing
+        # so); the time budget is each launch's own.
+        defaults = PhaseAConfig()
+        given = {name: getattr(cfg, name) for name in RESUME_MAY_CHANGE
+                 if name not in ("max_seconds", "resume") and getattr(cfg, name) != getattr(defaults, name)}
+        cfg = dataclasses.replace(restored, **given, max_seconds=cfg.max_seconds, resume=cfg.resume)
+    else:  # the dataset's absolute path, so evaluation finds it from any directory
+        cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu",
+                                  dataset=Path(cfg.dataset).resolve() if cfg.dataset is not None else None)
+    if cfg.keep_checkpoints is None:  # a new run, or one from before the option
+        cfg = dataclasses.replace(cfg, keep_checkpoints=KEEP)
     preset = cfg.resolved
     device = pick_device(cfg.device)
     threads_before = torch.get_num_threads()
@@ -284,6 +290,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         step = state["step"]
         _truncate_history(run_dir, step)  # rows logged after the checkpoint are logged again
         saved["phase_a"]["steps"] = preset.steps  # a longer resumed run is now this long
+        saved["phase_a"]["keep_checkpoints"] = cfg.keep_checkpoints
         write_text_atomic(run_dir / "config.json", json.dumps(saved, indent=2))
     else:
         run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
@@ -357,7 +364,8 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     return run_dir
 
 
-RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "resume")
+# What a resume may set: how long to train, what to keep, where and how fast to run.
+RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "device", "loader_workers", "compile", "resume")
 
 
 def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir: Path) -> None:
@@ -370,7 +378,8 @@ def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir:
         if name not in RESUME_MAY_CHANGE and value != getattr(defaults, name) and value != getattr(restored, name):
             raise UserError(f"--{name.replace('_', '-')} {value}: {run_dir} was trained with "
                             f"{getattr(restored, name)} and a resumed run keeps its options (only --steps, "
-                            "--max-seconds and --keep-checkpoints may change); drop it, or start a new run")
+                            "--max-seconds, --keep-checkpoints, --device, --loader-workers and --compile may change); "
+                            "drop it, or start a new run")
 
 
 def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:

@@ -76,7 +76,7 @@ class StudyConfig:
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
     power_interval: float = 1.0  # seconds between power samples
     power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)
-    power_pattern: str = r"([0-9.]+)\s*W"
+    power_pattern: str = r"([0-9.]+)\s*W"  # regex; its first group is the watts
     power_device: str = "offload device"  # the name --power-command's readings appear under
     out: Path | None = None  # default <from_run>/study
 

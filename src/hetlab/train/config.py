@@ -78,9 +78,10 @@ class TrainConfig:
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
-    keep_checkpoints: int = 2  # newest checkpoints kept; 0 = every one
-    eval_every: int = 0  # iterations between deterministic evaluations of the policy (eval/* in the logs); 0 = none
-    eval_envs: int = 16  # envs of the evaluation, one episode each
+    # These three, left unset, take RUN_DEFAULTS in a new run and the run's own values in a resumed one.
+    keep_checkpoints: int | None = None  # newest checkpoints kept (2); 0 = every one
+    eval_every: int | None = None  # iterations between deterministic evaluations (eval/* in the logs); 0 = none (0)
+    eval_envs: int | None = None  # envs of the evaluation, one episode each (16)
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
@@ -144,6 +145,14 @@ class TrainConfig:
         task = task_class(self.task)
         return ReplayLayout(self.off_policy.replay_capacity // self.envs, self.collectors, self.envs_per_collector,
                             dict(task.obs_sizes), task.action_size, relay_depth=RELAY_DEPTH if self.ray else 0)
+
+
+RUN_DEFAULTS = {"keep_checkpoints": 2, "eval_every": 0, "eval_envs": 16}
+
+
+def with_run_defaults(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with RUN_DEFAULTS for the options left unset."""
+    return dataclasses.replace(cfg, **{name: value for name, value in RUN_DEFAULTS.items() if getattr(cfg, name) is None})
 
 
 def with_option(config, path: tuple[str, ...], value):

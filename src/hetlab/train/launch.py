@@ -21,7 +21,8 @@ from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.run_meta import record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
-from hetlab.train.config import TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes
+from hetlab.train.config import (TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes,
+                                 with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
@@ -30,8 +31,8 @@ from hetlab.train.on_policy import train_on_policy
 # else is the run's own; a command line that asks for another value is refused.
 RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "eval_envs", "resume", "ray", "ray_pool.max_restarts")
-# Of those, the ones a resume left at their defaults keeps as the run had them: a run that keeps
-# every checkpoint, or evaluates, goes on doing so.
+# Of those, the ones a resume leaves unset (None) keep the run's values: a run that keeps every
+# checkpoint, or evaluates, goes on doing so.
 KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs")
 
 
@@ -42,6 +43,7 @@ def train(cfg: TrainConfig) -> Path:
         run_dir = Path(cfg.resume)
         resume_state = load_checkpoint(run_dir)
         cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(cfg, given))
+    cfg = with_run_defaults(cfg)
     device = pick_device(cfg.device)
     # A resumed run keeps its saved values, resolved for the device it started on.
     cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})
@@ -56,7 +58,8 @@ def train(cfg: TrainConfig) -> Path:
         if resume_state is None:
             run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             run_dir.mkdir(parents=True)
-            write_text_atomic(run_dir / "config.json", json.dumps(saved_config(cfg, device.torch_device), indent=2))
+        # A resume writes it again: the budgets and options it may change are the run's from now on.
+        write_text_atomic(run_dir / "config.json", json.dumps(saved_config(cfg, device.torch_device), indent=2))
         record_launch(run_dir, device.torch_device, device.name)
         print(run_dir, flush=True)  # first line: where everything goes
         if scaled:
@@ -105,12 +108,11 @@ def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
         if option not in RESUMABLE_OPTIONS:
             raise UserError(f"--resume continues {given.resume} with its own options, but --{option.replace('_', '-')} "
                             f"asks for {value!r} where the run has {own!r}; start a new run to change it")
-    defaults = TrainConfig()
     for option in RESUMABLE_OPTIONS:
         value = given
         for name in option.split("."):
             value = getattr(value, name)
-        if option in KEPT_UNLESS_GIVEN and value == getattr(defaults, option):
+        if option in KEPT_UNLESS_GIVEN and value is None:
             continue
         saved = with_option(saved, tuple(option.split(".")), value)
     return saved
