@@ -1,8 +1,8 @@
 """Deterministic evaluation during training (`--eval-every N`).
 
 The learner's current actor — its mean action, no exploration noise — plays one episode in each of
-`--eval-envs` envs of its own (a seed apart from the collectors', exact observations), between
-two updates, timed as the learner's `evaluate` span. Training returns mix exploration noise and
+`--eval-envs` envs of its own (a seed apart from the collectors', exact observations), from the
+same starting states every time, between two updates, timed as the learner's `evaluate` span. Training returns mix exploration noise and
 episodes cut at any point of a rollout; this is the number to compare policies by.
 """
 
@@ -20,12 +20,14 @@ EVAL_SEED = 1_000_003  # the evaluation envs' seed, past the run's own
 class PolicyEvaluation:
     def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device):
         self.task = make_task(task, num_envs=envs, sim=sim, threads=1, seed=seed + EVAL_SEED, obs_noise=0.0)
+        self.task.reset()
+        self.start = self.task.state_dict()  # every evaluation starts here: policies meet the same episodes
         self.device = device
 
     def run(self, actor: nn.Module) -> dict[str, float]:
-        """One episode per env from a fresh reset: the mean return and episode length."""
+        """One episode per env from the same starting states: the mean return and episode length."""
         task = self.task
-        obs = task.reset()
+        obs = task.load_state_dict(self.start)
         returns = np.full(task.num_envs, np.nan)
         lengths = np.full(task.num_envs, np.nan)
         was_training = actor.training
