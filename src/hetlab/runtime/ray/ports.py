@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import numpy as np
@@ -112,7 +113,7 @@ class RingPort(_Port):
         return [(slot, meta, None if self._region is not None else self._arrays[slot]) for slot, meta in taken]
 
 
-class Relay:
+class Relay(ABC):
     """The learner's end of a port: threads that move one collector's messages until `stop()`.
     `on_message(meta)` sees each commit as it is passed on; `on_error(text)` a relay that broke
     (not one whose actor died: the pool learns that from the actor itself)."""
@@ -143,10 +144,10 @@ class Relay:
         for thread in self._threads:
             thread.join(timeout=10 * POLL_S)
 
+    @abstractmethod
     def settle_loss(self) -> int:
         """Once the collector is gone (and the relay stopped): give back what it held of the
         learner's region, and return at most how many env steps it had collected and not delivered."""
-        raise NotImplementedError
 
 
 class RingRelay(Relay):
