@@ -297,6 +297,8 @@ class AlohaTrainConfig:
     # paper: 480×640, 200k steps (GPU); cpu (the default for a new run): 120×160, ≤ 2 h on 2 cores
     preset: Literal["paper", "cpu", "tiny"] | None = None
     imagenet_weights: Path | None = None  # torchvision resnet18 weights for the backbone
+    image_shift: int | None = None  # augmentation: images moved by up to ± this many pixels; default: the preset's
+    lr_decay: float | None = None  # last share of the steps with a linearly falling learning rate; default: the preset's
     loader_workers: int = 0  # processes decoding video; 0 = in the training process (~1 ms a frame)
     # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
     keep_checkpoints: int | None = None

@@ -83,9 +83,9 @@ def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path):
 
 
 def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset, tmp_path, monkeypatch):
-    # With dropout on (the tiny preset has none), so its per-step seeding is checked too, beside the
-    # batch order, the history masks and the optimizer state.
-    with_dropout = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, dropout=0.1))
+    # With dropout and shifted images (the tiny preset has neither), so their per-step seeding is
+    # checked too, beside the batch order, the history masks and the optimizer state.
+    with_dropout = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, dropout=0.1), image_shift=3)
     monkeypatch.setitem(phase_a.PRESETS, "tiny", with_dropout)
     n = 6
     straight = tiny_run(tiny_aloha_dataset, tmp_path / "a", 2 * n)
@@ -119,6 +119,36 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     assert load_checkpoint(resumed)["step"] == 2 * n + 4
     # Every launch is in meta.json; the refused one left no trace.
     assert len(json.loads((resumed / "meta.json").read_text())["launches"]) == 3
+
+
+def test_the_learning_rate_falls_over_the_last_share_of_the_steps(tiny_aloha_dataset, tmp_path):
+    preset = dataclasses.replace(TINY, steps=100, lr=1e-3, lr_decay=0.25)
+    rates = [phase_a.learning_rate(step, preset) for step in range(100)]
+    assert rates[:75] == [1e-3] * 75 and rates[75] == 1e-3
+    assert all(a > b > 0 for a, b in zip(rates[75:], rates[76:])) and rates[-1] == pytest.approx(1e-3 / 25)
+    assert phase_a.learning_rate(99, dataclasses.replace(preset, lr_decay=0.0)) == 1e-3
+
+    run = tiny_run(tiny_aloha_dataset, tmp_path, 20, lr=1e-3, lr_decay=0.5, image_shift=2)
+    logged = {row["step"]: row["lr"] for row in read_history(run)}  # the rate of the step that ended the row
+    assert logged == {10: 1e-3, 20: pytest.approx(1e-4)}
+    options = json.loads((run / "config.json").read_text())["phase_a"]
+    assert (options["lr"], options["lr_decay"], options["image_shift"]) == (1e-3, 0.5, 2)
+
+
+def test_shifted_images_are_the_originals_moved_with_their_edges_repeated():
+    images = torch.rand(16, 3, 12, 20)
+    shifted = phase_a.random_shift(images, 3, torch.Generator().manual_seed(0))
+    assert shifted.shape == images.shape
+    assert torch.equal(shifted, phase_a.random_shift(images, 3, torch.Generator().manual_seed(0)))
+    assert torch.equal(phase_a.random_shift(images, 0, torch.Generator()), images)
+    moved = 0
+    for original, image in zip(images, shifted):
+        # Some offset (dy, dx) in ±3 maps the original's inside onto the shifted image's.
+        matches = [(dy, dx) for dy in range(-3, 4) for dx in range(-3, 4)
+                   if torch.equal(image[:, 3 + dy:9 + dy, 3 + dx:17 + dx], original[:, 3:9, 3:17])]
+        assert len(matches) == 1, matches
+        moved += matches[0] != (0, 0)
+    assert moved >= 12  # 1 in 49 offsets is (0, 0)
 
 
 def test_batch_indices_cover_every_frame_once_per_epoch_and_are_deterministic():
@@ -157,6 +187,12 @@ def assert_refused_before_work(runs_dir: Path, match: str, **cfg) -> None:
         train_phase_a(PhaseAConfig(preset="tiny", runs_dir=runs_dir, loader_workers=0, **cfg))
     assert "\n" not in str(error.value)
     assert not runs_dir.exists(), "no run directory for a run that never started"
+
+
+@pytest.mark.parametrize("option, match", [({"lr_decay": 1.5}, "--lr-decay is a share of the steps, from 0 to 1"),
+                                           ({"image_shift": -1}, "--image-shift must be ≥ 0 pixels")])
+def test_a_bad_schedule_or_augmentation_is_refused(tiny_aloha_dataset, tmp_path, option, match):
+    assert_refused_before_work(tmp_path / "runs", match, dataset=tiny_aloha_dataset, **option)
 
 
 def test_missing_or_absent_dataset_is_refused(tmp_path):

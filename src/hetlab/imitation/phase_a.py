@@ -45,6 +45,8 @@ class Preset:
     model: ARActorConfig
     checkpoint_every: int
     log_every: int
+    image_shift: int = 0  # augmentation: each training image moved by up to ± this many pixels
+    lr_decay: float = 0.0  # the last share of the steps over which the learning rate falls linearly to 0
 
 
 PRESETS = {
@@ -52,9 +54,11 @@ PRESETS = {
     "paper": Preset(480, 640, 200_000, 1e-5, ARActorConfig(), 5000, 100),
     # ≤ 2 h on a 2-core CPU: 120×160 images (4×5 image tokens) and a transformer narrowed to
     # d_model 256 (the full-width one costs 3× more a step, almost all of it in the action
-    # expert), so 16k steps fit; a 10× learning rate. The backbone stays the full ResNet18.
+    # expert), so 16k steps fit; a 10× learning rate. The backbone stays the full ResNet18,
+    # trained from scratch on 40 episodes: shifted images keep it from memorising pixels, and
+    # the decaying learning rate settles the weights that closed-loop success swings with.
     "cpu": Preset(120, 160, 16_000, 1e-4, ARActorConfig(d_model=256, feedforward=1024, expert_feedforward=1024),
-                  2000, 10),
+                  2000, 10, image_shift=6, lr_decay=0.25),
     # Seconds, for tests and smoke checks: a narrow model on 64×96 images.
     "tiny": Preset(64, 96, 200, 1e-3, ARActorConfig(d_model=32, heads=2, feedforward=64, expert_feedforward=64,
                                                     backbone_width=8, chunk=10, dropout=0.0), 100, 10),
@@ -68,6 +72,8 @@ class PhaseAConfig:
     steps: int | None = None  # optimizer steps; default: the preset's
     batch: int = 8
     lr: float | None = None  # default: the preset's
+    lr_decay: float | None = None  # last share of the steps with a linearly falling learning rate; default: the preset's
+    image_shift: int | None = None  # training images moved by up to ± this many pixels; default: the preset's
     weight_decay: float = 1e-4
     grad_clip: float = 10.0
     train_episodes: str = "0-39"  # 40–49 stay held out (Phase B measures fidelity on them)
@@ -98,9 +104,31 @@ class PhaseAConfig:
             raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {self.keep_checkpoints}")
         if self.lr is not None and not self.lr > 0:
             raise UserError(f"--lr must be > 0, got {self.lr}")
+        if self.lr_decay is not None and not 0 <= self.lr_decay <= 1:
+            raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {self.lr_decay}")
+        if self.image_shift is not None and self.image_shift < 0:
+            raise UserError(f"--image-shift must be ≥ 0 pixels (0 = no augmentation), got {self.image_shift}")
         preset = PRESETS[self.preset or "cpu"]
-        return dataclasses.replace(preset, steps=preset.steps if self.steps is None else self.steps,
-                                   lr=preset.lr if self.lr is None else self.lr)
+        given = {name: getattr(self, name) for name in ("steps", "lr", "lr_decay", "image_shift")}
+        return dataclasses.replace(preset, **{name: value for name, value in given.items() if value is not None})
+
+
+def learning_rate(step: int, preset: Preset) -> float:
+    """The rate of optimizer step `step`: the preset's, then falling linearly to 0 over the last
+    `lr_decay` share of the steps (a function of the step, so a resumed run follows it exactly)."""
+    decay_steps = preset.lr_decay * preset.steps
+    return preset.lr if decay_steps <= 0 else preset.lr * min(1.0, (preset.steps - step) / decay_steps)
+
+
+def random_shift(images: torch.Tensor, pixels: int, generator: torch.Generator) -> torch.Tensor:
+    """Each image of (N, C, H, W) moved by up to ±`pixels` in each direction, its edge rows and
+    columns repeated into the gap; the offsets are drawn on the CPU from `generator`."""
+    if pixels == 0:
+        return images
+    height, width = images.shape[-2:]
+    padded = torch.nn.functional.pad(images, (pixels,) * 4, mode="replicate")
+    offsets = torch.randint(0, 2 * pixels + 1, (len(images), 2), generator=generator).tolist()
+    return torch.stack([image[:, y:y + height, x:x + width] for image, (y, x) in zip(padded, offsets)])
 
 
 def batch_indices(step: int, batch: int, frames: int, seed: int) -> np.ndarray:
@@ -269,6 +297,8 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     if cfg.keep_checkpoints is None:  # a new run, or one from before the option
         cfg = dataclasses.replace(cfg, keep_checkpoints=KEEP)
     preset = cfg.resolved
+    if state is None:  # config.json records the schedule and augmentation, not just the preset's name
+        cfg = dataclasses.replace(cfg, lr=preset.lr, lr_decay=preset.lr_decay, image_shift=preset.image_shift)
     device = pick_device(cfg.device)
     threads_before = torch.get_num_threads()
     if not device.is_accelerator:  # the loader's decoding processes need cores too; oversubscribed torch crawls
@@ -327,8 +357,12 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
             for batch in loader:
                 images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
                 torch.manual_seed(dropout_seed(cfg.seed, step))  # a function of the step, so resume is exact
+                generator = step_generator(cfg.seed, step)
                 mask = random_history_mask(cfg.batch, preset.model.chunk, preset.model.max_history_mask,
-                                           step_generator(cfg.seed, step)).to(images.device)
+                                           generator).to(images.device)
+                images = random_shift(images, preset.image_shift, generator)  # after the mask: Phase B draws it alike
+                for group in optimizer.param_groups:
+                    group["lr"] = learning_rate(step, preset)
                 with autocast(device, cfg.precision):
                     predicted = forward(images, state_, actions, mask)
                 loss = chunk_l1(predicted.float(), model.action_expert.normalise(actions), is_pad)
@@ -341,11 +375,12 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
                 if step % preset.log_every == 0 or step == preset.steps:
                     now = time.perf_counter()
                     row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": float(grad_norm),
+                           "lr": optimizer.param_groups[0]["lr"],
                            "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
                            "wall_s": now - start}
                     history.write(json.dumps(row) + "\n")
                     history.flush()
-                    for key in ("loss", "grad_norm", "samples_per_s"):
+                    for key in ("loss", "grad_norm", "lr", "samples_per_s"):
                         writer.add_scalar(f"train/{key}", row[key], step)
                     progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
                     window_start, window_losses = now, []
@@ -385,8 +420,10 @@ def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir:
 def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
     """The options a Phase-A run's config.json records."""
     paths = {"dataset", "imagenet_weights", "runs_dir", "resume"}
+    before_options = {"lr_decay": 0.0, "image_shift": 0}  # how runs from before these options trained
     try:
-        return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in config["phase_a"].items()})
+        options = before_options | config["phase_a"]
+        return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in options.items()})
     except (KeyError, TypeError, AttributeError) as e:  # an edited file, or one another hetlab version wrote
         raise UserError(f"{run_dir / 'config.json'} does not hold the Phase-A options this hetlab reads ({e!r}); "
                         "restore it from a copy of the run, or start a new run") from e
