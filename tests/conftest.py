@@ -50,6 +50,9 @@ TOY_XML = """
         </body>
       </body>
     </body>
+    <body name="target" mocap="true" pos="0 1 1">
+      <geom name="target" type="sphere" size="0.05" contype="0" conaffinity="0"/>
+    </body>
   </worldbody>
   <actuator>
     <motor name="push" joint="slide" gear="10" ctrlrange="-1 1"/>
@@ -62,7 +65,7 @@ TOY_XML = """
   </sensor>
   <keyframe>
     <key name="start" qpos="0.1 0 1.5 1 0 0 0  0.3  0.2  0.9238795 0 0.3826834 0"
-         qvel="0.5 0 0 0 0 0.2  -0.1  0.4  0 0 0.3" ctrl="0.5 0.1"/>
+         qvel="0.5 0 0 0 0 0.2  -0.1  0.4  0 0 0.3" ctrl="0.5 0.1" mpos="0 1 1.2" mquat="0 1 0 0"/>
   </keyframe>
 </mujoco>
 """

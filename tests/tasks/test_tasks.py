@@ -10,6 +10,7 @@ from hetlab.errors import UserError
 from hetlab.tasks import TASKS, make_config, make_task
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.go1_joystick import KP, POLICY_NOISE, Go1JoystickFlat
+from hetlab.tasks.leap_cube_reorient import POLICY_NOISE as LEAP_POLICY_NOISE
 from hetlab.tasks.randomisation import RandomisationConfig
 
 TASK_NAMES = sorted(TASKS)
@@ -42,6 +43,11 @@ def _flip_go1(task, ids):
     task.sim.qpos[ids, 3:7] = [0.0, 1.0, 0.0, 0.0]  # upside down
 
 
+def _drop_cube(task, ids):
+    qpos, _ = task.sim.joint_index("cube_freejoint")
+    task.sim.qpos[ids, qpos + 2] = -0.2  # below the palm, on its way to the floor
+
+
 def _cartpole_ended(final_critic):
     return final_critic[:, 1] < np.cos(0.8)  # cos(pole angle)
 
@@ -50,9 +56,14 @@ def _go1_ended(final_critic):
     return final_critic[:, 8] > 0.0  # projected gravity z: the trunk is upside down
 
 
+def _cube_dropped(final_critic):
+    return final_critic[:, 34] > 0.03 + 0.05  # palm z − cube z: the palm is at 0.03, the cube below −0.05
+
+
 TERMINATE = {
     "cartpole-balance": (_topple_cartpole, _cartpole_ended),
     "go1-joystick-flat": (_flip_go1, _go1_ended),
+    "leap-cube-reorient": (_drop_cube, _cube_dropped),
 }
 
 
@@ -245,7 +256,8 @@ def test_obs_noise_level_scales_the_noise(make_task_on, random_actions, task_nam
 
 @pytest.mark.parametrize(
     ("name", "scales"),
-    [("cartpole-balance", np.full(5, 0.01)), ("go1-joystick-flat", POLICY_NOISE)],
+    [("cartpole-balance", np.full(5, 0.01)), ("go1-joystick-flat", POLICY_NOISE),
+     ("leap-cube-reorient", LEAP_POLICY_NOISE)],
 )
 def test_obs_noise_stays_within_its_scales(make_task_on, random_actions, name, scales):
     task = make_task_on(name, num_envs=32)

@@ -98,6 +98,7 @@ def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, wei
 
 def _rollout(task, actor, sampler, obs, slot: dict[str, np.ndarray], horizon: int, recorder: SpanRecorder) -> dict:
     returns, lengths, diverged = [], [], 0
+    episode_metrics: dict[str, list[float]] = defaultdict(list)
     term_sums: dict[str, float] = defaultdict(float)
     for t in range(horizon):
         with recorder.span("inference"), torch.no_grad():
@@ -121,6 +122,8 @@ def _rollout(task, actor, sampler, obs, slot: dict[str, np.ndarray], horizon: in
                 final_critic[info["done_ids"][timed_out]] = info["final_obs"]["critic"][timed_out]
                 returns.extend(info["episode_return"].tolist())
                 lengths.extend(info["episode_length"].tolist())
+                for name, values in info["episode_metrics"].items():
+                    episode_metrics[name].extend(values.tolist())
             for name, value in info["reward_terms"].items():
                 term_sums[name] += value
             diverged += info["diverged"]
@@ -131,6 +134,7 @@ def _rollout(task, actor, sampler, obs, slot: dict[str, np.ndarray], horizon: in
         "obs": obs,
         "episode_returns": returns,
         "episode_lengths": lengths,
+        "episode_metrics": dict(episode_metrics),
         # Each term: the mean over the rollout's steps of its mean over envs.
         "reward_terms": {name: total / horizon for name, total in term_sums.items()},
         "diverged": diverged,
@@ -218,11 +222,12 @@ def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBu
             next_obs, reward, terminated, truncated, info = task.step(actions)
         with recorder.span("write"):
             final = {group: next_obs[group].copy() for group in ("policy", "critic")}
-            returns, lengths = [], []
+            returns, lengths, episode_metrics = [], [], {}
             if "done_ids" in info:
                 for group in final:
                     final[group][info["done_ids"]] = info["final_obs"][group]
                 returns, lengths = info["episode_return"].tolist(), info["episode_length"].tolist()
+                episode_metrics = {name: values.tolist() for name, values in info["episode_metrics"].items()}
             replay.write(spec.index, step, {
                 "policy_obs": obs["policy"], "critic_obs": obs["critic"], "actions": actions,
                 "rewards": reward, "terminated": terminated, "truncated": truncated,
@@ -232,7 +237,7 @@ def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBu
         obs = next_obs
         meta = {
             "collector": spec.index, "steps": step, "version": version,
-            "episode_returns": returns, "episode_lengths": lengths,
+            "episode_returns": returns, "episode_lengths": lengths, "episode_metrics": episode_metrics,
             "reward_terms": info["reward_terms"], "diverged": info["diverged"], "spans": recorder.take(),
         }
         if not replay.commit(meta, stop):

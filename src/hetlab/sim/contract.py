@@ -66,6 +66,11 @@ class BatchSim(Protocol):
         """Where joint `name` starts in `qpos` and in `qvel`."""
         ...
 
+    def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Live, writable world position (num_envs, 3) and orientation (num_envs, 4) of mocap body
+        `name` (a target the scene shows, such as a goal pose); `reset` restores the keyframe's."""
+        ...
+
     def actuator_names(self) -> list[str]:
         """Actuator names in `ctrl` column order."""
         ...

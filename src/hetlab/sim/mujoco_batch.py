@@ -142,6 +142,14 @@ class MujocoBatchSim:
         joint = self._named(self.model.joint, "joint", name).id
         return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
 
+    def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        body = self._named(self.model.body, "body", name).id
+        mocap = int(self.model.body_mocapid[body])
+        if mocap < 0:
+            raise UserError(f"body {name!r} is not a mocap body (mocap=\"true\" in the MJCF)")
+        # Mocap poses are part of each env's state row, so these are views like qpos.
+        return self.batch.bind("mocap_pos")[:, mocap], self.batch.bind("mocap_quat")[:, mocap]
+
     def actuator_names(self) -> list[str]:
         return [self.model.actuator(i).name for i in range(self.model.nu)]
 

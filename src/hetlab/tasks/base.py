@@ -9,8 +9,9 @@ fresh arrays: keeping last step's observations needs no copy.
 
 Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observe`; optional
 hooks are `_update_state` (derive this step's quantities from physics, before rewards),
-`_advance` (move per-env schedules on to the next step, after rewards) and `_reset_envs`
-(their own start-state randomisation).
+`_advance` (move per-env schedules on to the next step, after rewards), `_reset_envs`
+(their own start-state randomisation) and `_episode_metrics` (what a finished episode scored
+besides its return, e.g. goals reached, reported in `info["episode_metrics"]`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class Task(ABC):
             info["final_obs"] = {group: values[ids] for group, values in obs.items()}
             info["episode_return"] = self.episode_return[ids].copy()
             info["episode_length"] = self.episode_step[ids].copy()
+            info["episode_metrics"] = self._episode_metrics(ids)
             self._reset(ids)
             for group, values in self._observe(ids).items():
                 obs[group][ids] = values
@@ -204,3 +206,8 @@ class Task(ABC):
     def _reset_envs(self, ids: np.ndarray) -> None:
         """Task-specific start-state randomisation after the sim reset `ids` (before the
         forward pass that refreshes their sensors); optional."""
+
+    def _episode_metrics(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-episode values of the envs `ids`, whose episodes just ended (before their reset):
+        name → (len(ids),) array; none by default."""
+        return {}

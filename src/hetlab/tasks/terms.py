@@ -15,6 +15,13 @@ def velocity_tracking(command: np.ndarray, velocity: np.ndarray, sigma: float) -
     return np.exp(-np.square(command - velocity).sum(axis=1) / sigma)
 
 
+def linear_tolerance(distance: np.ndarray, bound: float, margin: float, value_at_margin: float = 0.1) -> np.ndarray:
+    """1 up to `bound`, then falling linearly: `value_at_margin` at `margin` past it, 0 further out
+    (dm_control's `tolerance` with a linear sigmoid)."""
+    beyond = np.maximum(distance - bound, 0.0) / margin
+    return np.maximum(1.0 - (1.0 - value_at_margin) * beyond, 0.0)
+
+
 def squared_norm(x: np.ndarray) -> np.ndarray:
     """‖x‖² over the last axis: e.g. roll/pitch rates, tilt (gravity's xy), action changes."""
     return np.square(x).sum(axis=1)

@@ -25,11 +25,13 @@ class PolicyEvaluation:
         self.device = device
 
     def run(self, actor: nn.Module) -> dict[str, float]:
-        """One episode per env from the same starting states: the mean return and episode length."""
+        """One episode per env from the same starting states: the mean return, episode length and
+        the task's own episode metrics (e.g. eval/goals)."""
         task = self.task
         obs = task.load_state_dict(self.start)
         returns = np.full(task.num_envs, np.nan)
         lengths = np.full(task.num_envs, np.nan)
+        metrics: dict[str, np.ndarray] = {}
         was_training = actor.training
         actor.eval()  # batch norm (FlashSAC) must not learn from these observations
         try:
@@ -37,12 +39,15 @@ class PolicyEvaluation:
                 for _ in range(task.max_episode_steps):
                     actions = actor(torch.from_numpy(obs["policy"]).to(self.device)).float().cpu().numpy()
                     obs, _, _, _, info = task.step(actions)
-                    for env, episode_return, length in zip(info.get("done_ids", ()), info.get("episode_return", ()),
-                                                           info.get("episode_length", ())):
-                        if np.isnan(returns[env]):  # the first episode of each env counts
-                            returns[env], lengths[env] = episode_return, length
+                    if "done_ids" in info:
+                        first = np.isnan(returns[info["done_ids"]])  # the first episode of each env counts
+                        ids = info["done_ids"][first]
+                        returns[ids], lengths[ids] = info["episode_return"][first], info["episode_length"][first]
+                        for name, values in info["episode_metrics"].items():
+                            metrics.setdefault(name, np.full(task.num_envs, np.nan))[ids] = values[first]
                     if not np.isnan(returns).any():
                         break
         finally:
             actor.train(was_training)
-        return {"eval/return": float(np.mean(returns)), "eval/episode_length": float(np.mean(lengths))}
+        return {"eval/return": float(np.mean(returns)), "eval/episode_length": float(np.mean(lengths)),
+                **{f"eval/{name}": float(np.mean(values)) for name, values in metrics.items()}}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections import deque
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import RunRecord, console, interrupt_guard, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean
 
 
 def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -58,8 +57,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
         else:  # saved without its buffer: collect afresh, random warm-up included
             snapshot, update_offset = None, updates
 
-    episode_returns: deque[float] = deque(maxlen=100)
-    episode_lengths: deque[float] = deque(maxlen=100)
+    episodes = EpisodeWindow()
     start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
     evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
@@ -147,8 +145,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 # An iteration is complete: log it.
                 lags = []
                 for meta in metas:
-                    episode_returns.extend(meta["episode_returns"])
-                    episode_lengths.extend(meta["episode_lengths"])
+                    episodes.add(meta)
                     timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
                     if meta["version"] >= 0:
                         lags.append(updates - meta["version"])
@@ -169,8 +166,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     "wall_seconds": wall,
                     "env_steps_per_s": (vector_steps - first_steps) * layout.envs / wall,
                     "updates_per_s": (updates - first_updates) / wall,  # this launch
-                    "mean_reward": mean(episode_returns),
-                    "episode_length": mean(episode_lengths),
+                    **episodes.row(),
                     "policy_lag": mean(lags),
                     "learner_utilisation": timeline.fraction("learner", ("update",)),
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))

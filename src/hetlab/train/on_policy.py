@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections import deque
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import RunRecord, console, interrupt_guard, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean
 
 
 def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -39,8 +38,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
         algo.load_state_dict(resume_state["algo"])
         iteration = resume_state["iteration"]
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
-    episode_returns: deque[float] = deque(maxlen=100)
-    episode_lengths: deque[float] = deque(maxlen=100)
+    episodes = EpisodeWindow()
     first_iteration = iteration
     evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
         if cfg.eval_every else None
@@ -92,8 +90,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     weights.publish(algo.actor.state_dict(), version=iteration + 1)
                 lag = float(iteration - batch["policy_version"].float().mean().item())
                 for meta in metas:
-                    episode_returns.extend(meta["episode_returns"])
-                    episode_lengths.extend(meta["episode_lengths"])
+                    episodes.add(meta)
                     timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
                     timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                     collector_states[meta["collector"]] = meta["state"]
@@ -109,8 +106,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     "env_steps": steps,
                     "wall_seconds": wall,
                     "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,
-                    "mean_reward": mean(episode_returns),
-                    "episode_length": mean(episode_lengths),
+                    **episodes.row(),
                     "policy_lag": lag,
                     "learner_utilisation": timeline.fraction("learner", ("update",)),
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))

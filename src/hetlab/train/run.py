@@ -14,6 +14,7 @@ import json
 import signal
 import statistics
 import threading
+from collections import defaultdict, deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +28,27 @@ console = Console()
 
 def mean(values) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
+
+
+class EpisodeWindow:
+    """The last 100 finished training episodes: return, length, and the task's own episode
+    metrics (`Task._episode_metrics`, e.g. goals reached), from the collectors' messages."""
+
+    def __init__(self, size: int = 100):
+        self.returns: deque[float] = deque(maxlen=size)
+        self.lengths: deque[float] = deque(maxlen=size)
+        self.metrics: defaultdict[str, deque[float]] = defaultdict(lambda: deque(maxlen=size))
+
+    def add(self, meta: dict) -> None:
+        self.returns.extend(meta["episode_returns"])
+        self.lengths.extend(meta["episode_lengths"])
+        for name, values in meta["episode_metrics"].items():
+            self.metrics[name].extend(values)
+
+    def row(self) -> dict[str, float]:
+        """The log row's episode columns; task metrics as `episode/<name>`."""
+        return {"mean_reward": mean(self.returns), "episode_length": mean(self.lengths),
+                **{f"episode/{name}": mean(values) for name, values in self.metrics.items()}}
 
 
 @contextmanager
@@ -86,6 +108,8 @@ class RunRecord:
             f"return {row['mean_reward']:8.3f} | "
             f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
             f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}"
+            + "".join(f" | {key.removeprefix('episode/')} {value:.2f}" for key, value in row.items()
+                      if key.startswith("episode/"))
             + (f" | eval return {row['eval/return']:8.3f}" if "eval/return" in row else ""),
             highlight=False, soft_wrap=True,
         )
@@ -130,6 +154,7 @@ class RunRecord:
             "env_steps_per_s": session["env_steps_per_s"],  # this launch's: earlier ones may have run elsewhere
             "mean_reward_first": rewards[0] if rewards else None,
             "mean_reward_last": rewards[-1] if rewards else None,
+            **_episode_metrics_first_last(history),
             "policy_lag_mean": mean([row["policy_lag"] for row in history]),
             "learner_idle_fraction": self.timeline.fraction("learner", ("wait_data",)),
             "time_breakdown_s": self.timeline.summary(),
@@ -145,6 +170,16 @@ class RunRecord:
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
         _print_summary(summary, self.run_dir)
         return summary
+
+
+def _episode_metrics_first_last(history: list[dict]) -> dict[str, float]:
+    """The task's own episode metrics (e.g. episode/goals): first and last logged value of each."""
+    ends = {}
+    for key in sorted({key for row in history for key in row if key.startswith("episode/")}):
+        values = [row[key] for row in history if key in row and row[key] == row[key]]  # NaN: no episode yet
+        if values:
+            ends |= {f"{key}_first": values[0], f"{key}_last": values[-1]}
+    return ends
 
 
 def hyperparameters(cfg) -> dict[str, int | float | str | bool]:
