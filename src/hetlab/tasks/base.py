@@ -64,6 +64,11 @@ class Task(ABC):
     def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
         """The task's scene, built with MjSpec."""
 
+    @classmethod
+    def check_assets(cls, cfg: TaskConfig) -> None:
+        """UserError naming what to install when files the scene needs are missing; cheap (no
+        model is built), so commands call it before they start anything. Built-in scenes need none."""
+
     def __init__(self, sim: BatchSim, cfg: TaskConfig):
         self.sim = sim
         self.cfg = cfg

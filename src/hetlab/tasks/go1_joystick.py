@@ -88,6 +88,10 @@ class Go1JoystickFlat(Task):
     }
 
     @classmethod
+    def check_assets(cls, cfg: Go1JoystickConfig) -> None:
+        robot_xml("go1", cfg.assets_dir)
+
+    @classmethod
     def build_model(cls, cfg: Go1JoystickConfig) -> mujoco.MjModel:
         spec = mujoco.MjSpec.from_file(str(robot_xml("go1", cfg.assets_dir)))
         opt = spec.option

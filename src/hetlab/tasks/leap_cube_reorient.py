@@ -83,6 +83,10 @@ class LeapCubeReorient(Task):
     }
 
     @classmethod
+    def check_assets(cls, cfg: LeapCubeConfig) -> None:
+        scene_xml("leap_cube")
+
+    @classmethod
     def build_model(cls, cfg: LeapCubeConfig) -> mujoco.MjModel:
         spec = mujoco.MjSpec.from_file(str(scene_xml("leap_cube")))
         # Sensors the task does not read cost a pass each step; the angular acceleration one
