@@ -207,20 +207,22 @@ def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path
 
 
 def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
-    empty = tmp_path / "no-assets"
-    empty.mkdir()
+    # The file exists, so the learner's asset check passes; only the collector, which compiles it, fails.
+    broken = tmp_path / "broken-assets"
+    (broken / "unitree_go1").mkdir(parents=True)
+    (broken / "unitree_go1" / "go1.xml").write_text("<mujoco><worldbody><body name='x'>")
     start = time.monotonic()
     learner = subprocess.Popen(
         [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "go1-joystick-flat", "--envs", "8",
          "--horizon", "8", "--max-iterations", "5", *SMALL_NETS],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HETLAB_ASSETS": str(empty)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HETLAB_ASSETS": str(broken)},
     )
     _, stderr = learner.communicate(timeout=60)
     assert time.monotonic() - start < 30
     assert learner.returncode != 0
-    # The collector's own traceback, down to the missing robot.
+    # The collector's own traceback, down to MuJoCo's parse error on the broken file.
     assert "collector 0 failed" in stderr and "Traceback" in stderr
-    assert "robot 'go1'" in stderr and str(empty) in stderr
+    assert "XML parse error" in stderr
     assert segments_of(learner.pid) == []
 
 
