@@ -28,6 +28,7 @@ SimFactory = Callable[..., object]  # (model, num_envs, *, threads, seed, keyfra
 # reset to the keyframe is distinguishable from a reset to qpos0.
 TOY_XML = """
 <mujoco model="toy">
+  <compiler angle="radian"/>
   <option timestep="0.005"/>
   <worldbody>
     <geom name="floor" type="plane" size="5 5 0.1"/>
@@ -39,7 +40,7 @@ TOY_XML = """
       <joint name="slide" type="slide" axis="1 0 0" damping="0.1"/>
       <geom name="cart" type="box" size="0.1 0.1 0.05" mass="1" contype="0" conaffinity="0"/>
       <body name="pole">
-        <joint name="hinge" type="hinge" axis="0 1 0" damping="0.01"/>
+        <joint name="hinge" type="hinge" axis="0 1 0" damping="0.01" range="-1 1.5"/>
         <geom name="pole" type="capsule" fromto="0 0 0 0 0 0.5" size="0.03" mass="0.2"
               contype="0" conaffinity="0"/>
         <site name="tip" pos="0 0 0.5"/>

@@ -109,7 +109,7 @@ def test_any_kept_checkpoint_exports_and_plays(run_dir, tmp_path):
     assert not (tmp_path / "out.mp4").exists()
 
 
-@pytest.mark.parametrize("task", ["go1-joystick-flat", "leap-cube-reorient"])
+@pytest.mark.parametrize("task", ["go1-joystick-flat", "g1-walk-flat", "leap-cube-reorient"])
 def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path):
     result = subprocess.run(
         [HETLAB, "train", "--task", task, "--envs", "8", "--horizon", "8", "--max-iterations", "1",

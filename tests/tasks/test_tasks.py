@@ -10,6 +10,7 @@ from hetlab.errors import UserError
 from hetlab.tasks import TASKS, make_config, make_task
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.go1_joystick import KP, POLICY_NOISE, Go1JoystickFlat
+from hetlab.tasks.g1_walk import POLICY_NOISE as G1_POLICY_NOISE
 from hetlab.tasks.leap_cube_reorient import POLICY_NOISE as LEAP_POLICY_NOISE
 from hetlab.tasks.randomisation import RandomisationConfig
 
@@ -39,7 +40,7 @@ def _topple_cartpole(task, ids):
     task.sim.qpos[ids, hinge] = 1.3  # past the 0.8 rad limit, and falling
 
 
-def _flip_go1(task, ids):
+def _flip_base(task, ids):
     task.sim.qpos[ids, 3:7] = [0.0, 1.0, 0.0, 0.0]  # upside down
 
 
@@ -52,7 +53,7 @@ def _cartpole_ended(final_critic):
     return final_critic[:, 1] < np.cos(0.8)  # cos(pole angle)
 
 
-def _go1_ended(final_critic):
+def _base_upside_down(final_critic):
     return final_critic[:, 8] > 0.0  # projected gravity z: the trunk is upside down
 
 
@@ -62,7 +63,8 @@ def _cube_dropped(final_critic):
 
 TERMINATE = {
     "cartpole-balance": (_topple_cartpole, _cartpole_ended),
-    "go1-joystick-flat": (_flip_go1, _go1_ended),
+    "go1-joystick-flat": (_flip_base, _base_upside_down),
+    "g1-walk-flat": (_flip_base, _base_upside_down),  # projected gravity z is column 8 for both robots
     "leap-cube-reorient": (_drop_cube, _cube_dropped),
 }
 
@@ -257,7 +259,7 @@ def test_obs_noise_level_scales_the_noise(make_task_on, random_actions, task_nam
 @pytest.mark.parametrize(
     ("name", "scales"),
     [("cartpole-balance", np.full(5, 0.01)), ("go1-joystick-flat", POLICY_NOISE),
-     ("leap-cube-reorient", LEAP_POLICY_NOISE)],
+     ("g1-walk-flat", G1_POLICY_NOISE), ("leap-cube-reorient", LEAP_POLICY_NOISE)],
 )
 def test_obs_noise_stays_within_its_scales(make_task_on, random_actions, name, scales):
     task = make_task_on(name, num_envs=32)
@@ -404,7 +406,7 @@ def test_go1_reset_resamples_the_ended_envs_command(make_task_on):
     zero = np.zeros((N, 12), np.float32)
     task.step(zero)
     before = task.commands.values.copy()
-    _flip_go1(task, np.array([3]))
+    _flip_base(task, np.array([3]))
     _, _, terminated, _, _ = task.step(zero)
     assert terminated[3]
     changed = np.any(task.commands.values != before, axis=1)

@@ -66,6 +66,10 @@ class BatchSim(Protocol):
         """Where joint `name` starts in `qpos` and in `qvel`."""
         ...
 
+    def joint_range(self, name: str) -> tuple[float, float]:
+        """Joint `name`'s position limits, (−inf, inf) when it has none."""
+        ...
+
     def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Live, writable world position (num_envs, 3) and orientation (num_envs, 4) of mocap body
         `name` (a target the scene shows, such as a goal pose); `reset` restores the keyframe's."""

@@ -142,6 +142,11 @@ class MujocoBatchSim:
         joint = self._named(self.model.joint, "joint", name).id
         return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
 
+    def joint_range(self, name: str) -> tuple[float, float]:
+        joint = self._named(self.model.joint, "joint", name).id
+        low, high = self.model.jnt_range[joint] if self.model.jnt_limited[joint] else (-np.inf, np.inf)
+        return float(low), float(high)
+
     def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         body = self._named(self.model.body, "body", name).id
         mocap = int(self.model.body_mocapid[body])

@@ -1,0 +1,259 @@
+"""g1-walk-flat: a Unitree G1 humanoid (29 joints) tracking commanded planar and yaw velocity on flat ground.
+
+After MuJoCo Playground's G1 joystick task: its scene (feet-only collisions, 2 ms Euler steps,
+kp 75 position actuators, softer ankles and wrists), 50 Hz control with actions scaled by 0.5
+around the knees-bent pose, its reward terms and weights (scaled by the control period),
+commands resampled every 10 s, a gait clock the feet are rewarded for following, and random
+pushes every 5–10 s. An episode ends when the torso turns over, the feet collide, or (only the
+feet touch the ground, so a fallen robot would sink through it) the pelvis drops below 0.3 m.
+
+The policy sees noisy proprioception from the pelvis IMU and joints, the command, its last
+action and the gait clock (103 values, as Playground); the critic sees those exactly, with the
+accelerometer, world angular velocity, pelvis height, actuator forces, foot contact, velocities
+and air time, and the domain-randomisation parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mujoco
+import numpy as np
+
+from hetlab.assets import scene_xml
+from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
+from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
+from hetlab.tasks.rotations import projected_gravity, yaw_quat
+from hetlab.tasks.terms import FeetState, joint_limit_violation, squared_norm, stand_still, velocity_tracking
+
+LEG = ("hip_pitch", "hip_roll", "hip_yaw", "knee", "ankle_pitch", "ankle_roll")
+ARM = ("shoulder_pitch", "shoulder_roll", "shoulder_yaw", "elbow", "wrist_roll", "wrist_pitch", "wrist_yaw")
+JOINTS = ([f"{side}_{j}_joint" for side in ("left", "right") for j in LEG] + [f"waist_{j}_joint" for j in ("yaw", "roll", "pitch")]
+          + [f"{side}_{j}_joint" for side in ("left", "right") for j in ARM])
+# The scene's "knees_bent" keyframe, in JOINTS order.
+DEFAULT_POSE = np.array([-0.312, 0, 0, 0.669, -0.363, 0] * 2 + [0, 0, 0.073]
+                        + [0.2, 0.2, 0, 0.6, 0, 0, 0] + [0.2, -0.2, 0, 0.6, 0, 0, 0])
+HIP_ROLL_YAW = np.array([1, 2, 7, 8])  # left roll, left yaw, right roll, right yaw
+KNEES = np.array([3, 9])
+FEET = ("left_foot", "right_foot")
+TRACKING_SIGMA = 0.25
+SWING_HEIGHT = 0.15  # m, the gait clock's foot-height target
+AIR_TIME_MIN, AIR_TIME_MAX = 0.2, 0.5  # s; swings shorter earn nothing, longer earn no more
+MAX_FOOT_FORCE = 500.0  # N; vertical foot force past this is penalised
+UPRIGHT_TORSO = np.array([0.073, 0.0, 1.0])  # the torso's z axis standing in the default pose
+MIN_PELVIS_HEIGHT = 0.3  # m
+FLOOR_FRICTION = 0.6  # Playground's foot-floor friction
+SOFT_LIMIT_FACTOR = 0.95  # the joint-limit penalty starts this far into each range
+# Policy observation noise (uniform ±), Playground's: pelvis linear velocity, gyro, gravity, none on
+# the command, joint positions, joint velocities, none on the last action and the gait clock.
+POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.zeros(3),
+                               np.full(29, 0.03), np.full(29, 1.5), np.zeros(29 + 4)])
+
+
+@dataclass(frozen=True)
+class G1WalkConfig(TaskConfig):
+    action_scale: float = 0.5
+    commands: VelocityCommandConfig = field(default_factory=lambda: VelocityCommandConfig(
+        lin_vel_x=(-1.0, 1.0), lin_vel_y=(-0.5, 0.5), yaw_rate=(-1.0, 1.0)))
+    randomisation: RandomisationConfig = field(default_factory=RandomisationConfig)
+    pushes: bool = True  # kick the pelvis sideways now and then
+    push_interval: tuple[float, float] = (5.0, 10.0)  # s between pushes, drawn per episode
+    push_speed: tuple[float, float] = (0.1, 2.0)  # m/s added to the pelvis's planar velocity
+    gait_frequency: tuple[float, float] = (1.25, 1.5)  # Hz of the gait clock, drawn per episode
+
+
+class G1WalkFlat(Task):
+    name = "g1-walk-flat"
+    Config = G1WalkConfig
+    control_dt = 0.02
+    episode_seconds = 20.0
+    keyframe = "knees_bent"
+    obs_sizes = {"policy": 103, "critic": 152}
+    action_size = 29
+    reward_scale = control_dt
+    state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values",
+                                        "phase", "phase_step", "push_interval", "steps_to_push")
+    reward_weights = {
+        "tracking_lin_vel": 1.0,
+        "tracking_ang_vel": 0.75,
+        "ang_vel_xy": -0.15,
+        "orientation": -2.0,
+        "feet_air_time": 2.0,
+        "feet_slip": -0.25,
+        "feet_phase": 1.0,
+        "stand_still": -1.0,
+        "termination": -100.0,
+        "collision": -0.1,
+        "contact_force": -0.01,
+        "joint_deviation_knee": -0.1,
+        "joint_deviation_hip": -0.25,
+        "dof_pos_limits": -1.0,
+        "pose": -0.1,
+    }
+
+    @classmethod
+    def check_assets(cls, cfg: G1WalkConfig) -> None:
+        scene_xml("g1_flat")
+
+    @classmethod
+    def build_model(cls, cfg: G1WalkConfig) -> mujoco.MjModel:
+        spec = mujoco.MjSpec.from_file(str(scene_xml("g1_flat")))
+        # Feet on the floor by geom contact rather than the scene's explicit pairs, so the
+        # floor's friction is a per-env model field that domain randomisation can vary.
+        for pair in list(spec.pairs):
+            if pair.name in ("left_foot_floor", "right_foot_floor"):
+                spec.delete(pair)
+        floor = spec.geom("floor")
+        floor.contype, floor.conaffinity, floor.condim, floor.priority = 1, 0, 3, 1
+        floor.friction = [FLOOR_FRICTION, 0.005, 0.0001]
+        for foot in FEET:
+            spec.geom(foot).conaffinity = 1
+            spec.add_sensor(name=f"{foot}_pos", type=mujoco.mjtSensor.mjSENS_FRAMEPOS,
+                            objtype=mujoco.mjtObj.mjOBJ_SITE, objname=foot)
+        for joint in JOINTS:  # the actuators are named after their joints
+            spec.add_sensor(name=f"{joint}_force", type=mujoco.mjtSensor.mjSENS_ACTUATORFRC,
+                            objtype=mujoco.mjtObj.mjOBJ_ACTUATOR, objname=joint)
+        return spec.compile()
+
+    def __init__(self, sim, cfg: G1WalkConfig):
+        super().__init__(sim, cfg)
+        first = sim.joint_index(JOINTS[0])
+        if [sim.joint_index(j)[0] for j in JOINTS] != list(range(first[0], first[0] + len(JOINTS))):
+            raise ValueError("the G1 model's joints are not stored in order")
+        self._qpos = slice(first[0], first[0] + len(JOINTS))
+        self._qvel = slice(first[1], first[1] + len(JOINTS))
+        ranges = np.array([sim.joint_range(j) for j in JOINTS])
+        centre, half = ranges.mean(axis=1), 0.5 * (ranges[:, 1] - ranges[:, 0])
+        self._soft_low, self._soft_high = centre - SOFT_LIMIT_FACTOR * half, centre + SOFT_LIMIT_FACTOR * half
+        self._pelvis = {name: sim.sensor(f"{name}_pelvis") for name in
+                        ("local_linvel", "gyro", "orientation", "accelerometer", "global_angvel", "global_linvel")}
+        self._torso_up = sim.sensor("upvector_torso")
+        self._torso_angvel = sim.sensor("global_angvel_torso")
+        self._feet_pos = [sim.sensor(f"{foot}_pos") for foot in FEET]
+        self._feet_vel = [sim.sensor(f"{foot}_global_linvel") for foot in FEET]
+        self._feet_force = [sim.sensor(f"{foot}_force") for foot in FEET]
+        self._floor_contact = [sim.sensor(f"{foot}_floor_found") for foot in FEET]
+        self._feet_touch = sim.sensor("right_foot_left_foot_found")
+        self._hands_on_thighs = [sim.sensor(f"{side}_hand_{side}_thigh_found") for side in ("left", "right")]
+        self._forces = [sim.sensor(f"{joint}_force") for joint in JOINTS]
+        n = self.num_envs
+        self.commands = VelocityCommands(cfg.commands, n, self.dt, self.rng)
+        self.feet = FeetState(n, len(FEET), self.dt)
+        self.phase = np.zeros((n, 2))  # gait clock of each foot, in [−π, π)
+        self.phase_step = np.zeros(n)  # its advance per control step
+        self.push_interval = np.ones(n, np.int64)
+        self.steps_to_push = np.ones(n, np.int64)
+        self.randomiser = None
+        if cfg.randomise:  # drawn once per env at start-up, like the Go1 task's
+            self.randomiser = DomainRandomiser(sim, cfg.randomisation, ["floor"], self.rng)
+            self.randomiser.apply(np.arange(n))
+        self._nominal_params = np.tile(np.float32([FLOOR_FRICTION, 1.0, 1.0]), (n, 1))
+        self._targets = np.tile(DEFAULT_POSE, (n, 1))
+
+    # -- dynamics ---------------------------------------------------------------------------
+
+    def _control(self, actions: np.ndarray) -> np.ndarray:
+        np.multiply(actions, self.cfg.action_scale, out=self._targets)
+        self._targets += DEFAULT_POSE
+        return self._targets
+
+    def _update_state(self, actions: np.ndarray) -> None:
+        self._joint_pos = self.sim.qpos[:, self._qpos]
+        self._contact = np.stack([found[:, 0] > 0 for found in self._floor_contact], axis=1)
+        self._feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
+        self.feet.update(self._feet_z, self._contact)
+        self._fell = (self._torso_up[:, 2] < 0.0) | (self.sim.qpos[:, 2] < MIN_PELVIS_HEIGHT) \
+            | (self._feet_touch[:, 0] > 0)
+
+    def _advance(self) -> None:
+        self.feet.advance()
+        self.commands.update(self.episode_step)
+        self.phase = np.fmod(self.phase + self.phase_step[:, None] + np.pi, 2 * np.pi) - np.pi
+        if self.cfg.pushes:
+            self.steps_to_push -= 1
+            due = np.flatnonzero(self.steps_to_push == 0)
+            if due.size:
+                angle = self.rng.uniform(0.0, 2 * np.pi, len(due))
+                speed = self.rng.uniform(*self.cfg.push_speed, len(due))
+                self.sim.qvel[due, 0:2] += speed[:, None] * np.stack([np.cos(angle), np.sin(angle)], axis=1)
+                self.steps_to_push[due] = self.push_interval[due]
+
+    def _terminated(self) -> np.ndarray:
+        return self._fell
+
+    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        cmd = self.commands.values
+        deviation = self._joint_pos - DEFAULT_POSE
+        pelvis_speed = np.linalg.norm(self._pelvis["global_linvel"][:, :2], axis=1)
+        # Hip roll may deviate while the command asks for sideways speed.
+        hip_weights = np.where(cmd[:, 1:2] > 0.1, [0.0, 1.0, 0.0, 1.0], 1.0)
+        moving = (pelvis_speed > 0.1) | (np.abs(self._pelvis["global_angvel"][:, 2]) > 0.1) \
+            | (np.linalg.norm(cmd, axis=1) > 0.01)
+        air_time = np.minimum((self.feet.air_time - AIR_TIME_MIN) * self.feet.first_contact, AIR_TIME_MAX - AIR_TIME_MIN)
+        phase_error = np.square(self._feet_z - swing_height(self.phase, SWING_HEIGHT)).sum(axis=1)
+        foot_force = sum(np.maximum(np.abs(force[:, 2]) - MAX_FOOT_FORCE, 0.0) for force in self._feet_force)
+        return {
+            "tracking_lin_vel": velocity_tracking(cmd[:, :2], self._pelvis["local_linvel"][:, :2], TRACKING_SIGMA),
+            "tracking_ang_vel": velocity_tracking(cmd[:, 2:], self._pelvis["gyro"][:, 2:], TRACKING_SIGMA),
+            "ang_vel_xy": squared_norm(self._torso_angvel[:, :2]),
+            "orientation": squared_norm(self._torso_up - UPRIGHT_TORSO),
+            "feet_air_time": air_time.sum(axis=1),
+            "feet_slip": pelvis_speed * self._contact.sum(axis=1),
+            "feet_phase": np.exp(-phase_error / 0.01) * moving,
+            "stand_still": stand_still(deviation, np.linalg.norm(cmd, axis=1)),
+            "termination": self._fell.astype(np.float64),
+            "collision": np.logical_or(*[found[:, 0] > 0 for found in self._hands_on_thighs]).astype(np.float64),
+            "contact_force": foot_force,
+            "joint_deviation_knee": np.abs(deviation[:, KNEES]).sum(axis=1),
+            "joint_deviation_hip": (np.abs(deviation[:, HIP_ROLL_YAW]) * hip_weights).sum(axis=1),
+            "dof_pos_limits": joint_limit_violation(self._joint_pos, self._soft_low, self._soft_high),
+            "pose": squared_norm(deviation),
+        }
+
+    def _observe(self, ids: Index) -> Obs:
+        pelvis = {name: values[ids] for name, values in self._pelvis.items()}
+        qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]
+        phase = self.phase[ids]
+        critic = np.concatenate([
+            pelvis["local_linvel"], pelvis["gyro"], projected_gravity(pelvis["orientation"]), self.commands.values[ids],
+            qpos[:, self._qpos] - DEFAULT_POSE, qvel[:, self._qvel], self.last_actions[ids],
+            np.cos(phase), np.sin(phase),
+            pelvis["accelerometer"], pelvis["global_angvel"], qpos[:, 2:3],
+            *[force[ids] for force in self._forces],
+            np.stack([found[ids, 0] > 0 for found in self._floor_contact], axis=1),
+            *[vel[ids] for vel in self._feet_vel],
+            self.feet.air_time[ids],
+            self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
+        ], axis=1).astype(np.float32)
+        # The critic's first 103 columns are the policy's observation without noise.
+        return {"policy": self._add_noise(critic[:, :103], POLICY_NOISE), "critic": critic}
+
+    # -- resets -----------------------------------------------------------------------------
+
+    def _reset_envs(self, ids: np.ndarray) -> None:
+        k = len(ids)
+        qpos, qvel = self.sim.qpos, self.sim.qvel
+        qpos[ids, 0:2] += self.rng.uniform(-0.5, 0.5, (k, 2))
+        qpos[ids, 3:7] = yaw_quat(self.rng.uniform(-np.pi, np.pi, k))  # the keyframe faces +x, unrotated
+        joints = DEFAULT_POSE * self.rng.uniform(0.5, 1.5, (k, len(JOINTS)))
+        qpos[ids, self._qpos] = joints
+        self.sim.ctrl[ids] = joints
+        qvel[ids, 0:6] = self.rng.uniform(-0.5, 0.5, (k, 6))
+        self.feet.reset(ids)
+        self.commands.resample(ids)
+        self.phase[ids] = [0.0, np.pi]  # the feet half a cycle apart
+        self.phase_step[ids] = 2 * np.pi * self.dt * self.rng.uniform(*self.cfg.gait_frequency, k)
+        self.push_interval[ids] = np.round(self.rng.uniform(*self.cfg.push_interval, k) / self.dt).astype(np.int64)
+        self.steps_to_push[ids] = self.push_interval[ids]
+
+
+def swing_height(phase: np.ndarray, height: float) -> np.ndarray:
+    """The gait clock's foot-height target: up to `height` over the first half of the cycle, back
+    down over the second, each along a cubic Bézier (zero slope at the ends)."""
+    x = (phase + np.pi) / (2 * np.pi)
+
+    def bezier(start, end, t):
+        return start + (end - start) * (t ** 3 + 3 * t ** 2 * (1 - t))
+
+    return np.where(x <= 0.5, bezier(0.0, height, 2 * x), bezier(height, 0.0, 2 * x - 1))

@@ -1,0 +1,61 @@
+"""The G1 walking task: the gait clock and its foot-height target, pushes on schedule, actions
+around the knees-bent pose."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetlab.tasks import make_task
+from hetlab.tasks.g1_walk import DEFAULT_POSE, swing_height
+
+N = 4
+
+
+def test_the_swing_target_rises_to_the_height_and_lands_smoothly():
+    phase = np.array([-np.pi, -np.pi / 2, 0.0, np.pi / 2, np.pi - 1e-9])
+    np.testing.assert_allclose(swing_height(phase, 0.15), [0.0, 0.075, 0.15, 0.075, 0.0], atol=1e-6)
+    fine = np.linspace(-np.pi, np.pi, 2001)
+    heights = swing_height(fine, 0.15)
+    assert heights.min() >= 0.0 and heights.max() == pytest.approx(0.15)
+    assert np.abs(np.diff(heights)).max() < 1e-3  # continuous, flat at lift-off, apex and landing
+
+
+def test_actions_are_targets_around_the_knees_bent_pose():
+    task = make_task("g1-walk-flat", num_envs=N, threads=1)
+    task.reset()
+    actions = np.zeros((N, 29), np.float32)
+    actions[0, 3] = 1.0
+    task.step(actions)
+    np.testing.assert_allclose(task.sim.ctrl[1], DEFAULT_POSE)
+    assert task.sim.ctrl[0, 3] == pytest.approx(DEFAULT_POSE[3] + 0.5)
+
+
+def test_the_gait_clock_runs_half_a_cycle_apart_and_wraps():
+    task = make_task("g1-walk-flat", num_envs=N, threads=1)
+    task.reset()
+    np.testing.assert_array_equal(task.phase, np.tile([0.0, np.pi], (N, 1)))
+    frequency = task.phase_step / (2 * np.pi * task.dt)
+    assert ((frequency >= 1.25) & (frequency <= 1.5)).all()
+    zero = np.zeros((N, 29), np.float32)
+    task.step(zero)
+    expected = np.fmod(np.array([0.0, np.pi])[None] + task.phase_step[:, None] + np.pi, 2 * np.pi) - np.pi
+    np.testing.assert_allclose(task.phase, expected)
+    assert (task.phase >= -np.pi).all() and (task.phase < np.pi).all()
+
+
+def test_a_push_kicks_the_pelvis_when_it_is_due():
+    pushed = make_task("g1-walk-flat", num_envs=N, threads=1, seed=2)
+    calm = make_task("g1-walk-flat", num_envs=N, threads=1, seed=2, pushes=False)
+    for task in (pushed, calm):
+        task.reset()
+        assert ((task.push_interval >= 250) & (task.push_interval <= 500)).all()  # 5–10 s at 50 Hz
+        task.steps_to_push[:] = 1000
+        task.steps_to_push[2] = 1  # env 2's push is due after this step
+    zero = np.zeros((N, 29), np.float32)
+    pushed.step(zero)
+    calm.step(zero)
+    kick = pushed.sim.qvel[:, :2] - calm.sim.qvel[:, :2]
+    assert 0.1 <= np.linalg.norm(kick[2]) <= 2.0
+    np.testing.assert_array_equal(np.delete(kick, 2, axis=0), 0.0)
+    assert pushed.steps_to_push[2] == pushed.push_interval[2]
