@@ -21,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 	# ALOHA meshes and MJCF only: gym-aloha pins MuJoCo < 3.9, so it comes without its
 	# dependencies and hetlab never imports its code (see hetlab.assets).
 	$(PIP) install -q --no-deps gym-aloha==0.1.5
+	# The G1 motion clip g1-track-motion follows by default, likewise files only (holosoma pins numpy < 2).
+	$(PIP) install -q --no-deps holosoma==0.0.3
 	echo '$(TORCH)' > $(VENV)/.torch
 	touch $@
 

@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from hetlab.assets import motion_clip_path
 from hetlab.errors import UserError
 from hetlab.deploy.export import export_onnx
 from hetlab.deploy.play import play
@@ -109,18 +110,27 @@ def test_any_kept_checkpoint_exports_and_plays(run_dir, tmp_path):
     assert not (tmp_path / "out.mp4").exists()
 
 
-@pytest.mark.parametrize("task", ["go1-joystick-flat", "g1-walk-flat", "leap-cube-reorient"])
-def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path):
+@pytest.mark.parametrize("task", ["go1-joystick-flat", "g1-walk-flat", "g1-track-motion", "leap-cube-reorient"])
+def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path, monkeypatch):
+    options = []
+    if task == "g1-track-motion":  # a clip of the user's own, given by a relative path
+        with np.load(motion_clip_path()) as clip:
+            np.savez(tmp_path / "mine.npz", fps=np.array([25]), joint_pos=clip["joint_pos"][::2])
+        monkeypatch.chdir(tmp_path)
+        options = ["--motion", "mine.npz"]
     result = subprocess.run(
         [HETLAB, "train", "--task", task, "--envs", "8", "--horizon", "8", "--max-iterations", "1",
-         "--runs-dir", str(tmp_path / "runs"), *SMALL_NETS],
+         "--runs-dir", str(tmp_path / "runs"), *SMALL_NETS, *options],
         capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = Path(result.stdout.splitlines()[0])
+    monkeypatch.chdir(run)  # play and export find the run's clip from anywhere
     exported = export_onnx(run, tmp_path / "policy.onnx")
     assert exported.max_error <= 1e-5 and exported.real_observations > 0
     assert exported.metadata["hetlab.task"] == task
+    if options:
+        assert json.loads(exported.metadata["hetlab.task_config"])["motion"] == str(tmp_path / "mine.npz")
     played = play(run, tmp_path / "play.mp4", seconds=0.2, width=96, height=64)
     with av.open(str(tmp_path / "play.mp4")) as container:
         frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])

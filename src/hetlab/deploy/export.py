@@ -62,7 +62,8 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: 
             dynamic_shapes=({0: torch.export.Dim("batch")},),
         )
         error = _check_parity(ort, tmp, policy.actor, obs)
-        task_config = make_config(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed)
+        task_config = make_config(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed,
+                                  **policy.task_options)
         metadata = {"hetlab.task": policy.task, "hetlab.sim": policy.sim, "hetlab.obs": f"policy [{policy.obs_size}]",
                     "hetlab.actions": f"[{policy.action_size}] in [-1, 1], as the task scales them",
                     "hetlab.task_config": json.dumps(dataclasses.asdict(task_config), default=str),
@@ -77,7 +78,8 @@ def export_onnx(run_dir: Path | str, out: Path | str | None = None, checkpoint: 
 def _parity_observations(policy) -> torch.Tensor:
     """Real observations from a short rollout of the policy, then as many random ones drawn
     from their per-column mean and spread."""
-    task = make_task(policy.task, num_envs=PARITY_ENVS, sim=policy.sim, threads=1, seed=policy.seed)
+    task = make_task(policy.task, num_envs=PARITY_ENVS, sim=policy.sim, threads=1, seed=policy.seed,
+                     **policy.task_options)
     obs = [task.reset()["policy"]]
     with torch.no_grad():
         for _ in range(PARITY_STEPS):

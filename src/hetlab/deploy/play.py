@@ -44,7 +44,7 @@ def play(run_dir: Path | str, video: Path | str, seconds: float = 10.0, width: i
                         f"resolution), got {width}×{height}")
     policy = load_policy(run_dir, checkpoint)
     task = make_task(policy.task, num_envs=1, sim=policy.sim, threads=1, seed=policy.seed if seed is None else seed,
-                     obs_noise=0.0)
+                     obs_noise=0.0, **policy.task_options)
     steps = max(1, round(seconds / task.dt))
     fps = Fraction(1 / task.dt).limit_denominator(1000)
     model, data = task.sim.render_state(0)  # one env of the batch, as an MjModel/MjData to render

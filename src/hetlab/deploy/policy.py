@@ -29,6 +29,7 @@ class RunPolicy:
     obs_size: int
     action_size: int
     checkpoint: Path  # the checkpoint directory it was read from
+    task_options: dict  # the task's own options the run set (e.g. a tracking task's clip)
 
     def act(self, observations) -> np.ndarray:
         """Deterministic actions (batch, action_size) for policy observations (batch, obs_size)."""
@@ -53,4 +54,4 @@ def load_policy(run_dir: Path | str, checkpoint: int | str | None = None) -> Run
         raise UserError(f"the checkpoint in {run_dir} does not fit its config.json ({e}); was either edited?") from e
     task = task_class(config.task)
     return RunPolicy(config.task, config.sim, config.seed, algo.actor.eval(), task.obs_sizes["policy"], task.action_size,
-                     path)
+                     path, config.task_options)

@@ -9,11 +9,12 @@ from hetlab.errors import UserError
 from hetlab.sim import sim_backend
 from hetlab.tasks.base import Task, TaskConfig
 from hetlab.tasks.cartpole import CartpoleBalance
+from hetlab.tasks.g1_track_motion import G1TrackMotion
 from hetlab.tasks.g1_walk import G1WalkFlat
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
 from hetlab.tasks.leap_cube_reorient import LeapCubeReorient
 
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (CartpoleBalance, Go1JoystickFlat, G1WalkFlat,
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (CartpoleBalance, Go1JoystickFlat, G1WalkFlat, G1TrackMotion,
                                                            LeapCubeReorient)}
 
 

@@ -9,6 +9,7 @@ fresh arrays: keeping last step's observations needs no copy.
 
 Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observe`; optional
 hooks are `_update_state` (derive this step's quantities from physics, before rewards),
+`_timed_out` (an episode's end by time, when that is more than the step count, e.g. a clip's end),
 `_advance` (move per-env schedules on to the next step, after rewards), `_reset_envs`
 (their own start-state randomisation) and `_episode_metrics` (what a finished episode scored
 besides its return, e.g. goals reached, reported in `info["episode_metrics"]`).
@@ -118,7 +119,7 @@ class Task(ABC):
         reward = reward.astype(np.float32)
 
         terminated = self._terminated() | diverged
-        truncated = (self.episode_step >= self.max_episode_steps) & ~terminated
+        truncated = self._timed_out() & ~terminated
         self.last_actions[:] = actions
         self._advance()
         self.episode_return += reward
@@ -207,6 +208,10 @@ class Task(ABC):
     @abstractmethod
     def _observe(self, ids: Index) -> Obs:
         """Observation groups for the envs `ids`, float32."""
+
+    def _timed_out(self) -> np.ndarray:
+        """(num_envs,) bool: the episode ran out of time (a truncation, not a failure)."""
+        return self.episode_step >= self.max_episode_steps
 
     def _reset_envs(self, ids: np.ndarray) -> None:
         """Task-specific start-state randomisation after the sim reset `ids` (before the

@@ -23,28 +23,19 @@ import numpy as np
 from hetlab.assets import scene_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
+from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
 from hetlab.tasks.terms import FeetState, joint_limit_violation, squared_norm, stand_still, velocity_tracking
 
-LEG = ("hip_pitch", "hip_roll", "hip_yaw", "knee", "ankle_pitch", "ankle_roll")
-ARM = ("shoulder_pitch", "shoulder_roll", "shoulder_yaw", "elbow", "wrist_roll", "wrist_pitch", "wrist_yaw")
-JOINTS = ([f"{side}_{j}_joint" for side in ("left", "right") for j in LEG] + [f"waist_{j}_joint" for j in ("yaw", "roll", "pitch")]
-          + [f"{side}_{j}_joint" for side in ("left", "right") for j in ARM])
-# The scene's "knees_bent" keyframe, in JOINTS order.
-DEFAULT_POSE = np.array([-0.312, 0, 0, 0.669, -0.363, 0] * 2 + [0, 0, 0.073]
-                        + [0.2, 0.2, 0, 0.6, 0, 0, 0] + [0.2, -0.2, 0, 0.6, 0, 0, 0])
 HIP_ROLL_YAW = np.array([1, 2, 7, 8])  # left roll, left yaw, right roll, right yaw
 KNEES = np.array([3, 9])
-FEET = ("left_foot", "right_foot")
 TRACKING_SIGMA = 0.25
 SWING_HEIGHT = 0.15  # m, the gait clock's foot-height target
 AIR_TIME_MIN, AIR_TIME_MAX = 0.2, 0.5  # s; swings shorter earn nothing, longer earn no more
 MAX_FOOT_FORCE = 500.0  # N; vertical foot force past this is penalised
 UPRIGHT_TORSO = np.array([0.073, 0.0, 1.0])  # the torso's z axis standing in the default pose
 MIN_PELVIS_HEIGHT = 0.3  # m
-FLOOR_FRICTION = 0.6  # Playground's foot-floor friction
-SOFT_LIMIT_FACTOR = 0.95  # the joint-limit penalty starts this far into each range
 # Policy observation noise (uniform ±), Playground's: pelvis linear velocity, gyro, gravity, none on
 # the command, joint positions, joint velocities, none on the last action and the gait clock.
 POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.zeros(3),
@@ -98,34 +89,11 @@ class G1WalkFlat(Task):
 
     @classmethod
     def build_model(cls, cfg: G1WalkConfig) -> mujoco.MjModel:
-        spec = mujoco.MjSpec.from_file(str(scene_xml("g1_flat")))
-        # Feet on the floor by geom contact rather than the scene's explicit pairs, so the
-        # floor's friction is a per-env model field that domain randomisation can vary.
-        for pair in list(spec.pairs):
-            if pair.name in ("left_foot_floor", "right_foot_floor"):
-                spec.delete(pair)
-        floor = spec.geom("floor")
-        floor.contype, floor.conaffinity, floor.condim, floor.priority = 1, 0, 3, 1
-        floor.friction = [FLOOR_FRICTION, 0.005, 0.0001]
-        for foot in FEET:
-            spec.geom(foot).conaffinity = 1
-            spec.add_sensor(name=f"{foot}_pos", type=mujoco.mjtSensor.mjSENS_FRAMEPOS,
-                            objtype=mujoco.mjtObj.mjOBJ_SITE, objname=foot)
-        for joint in JOINTS:  # the actuators are named after their joints
-            spec.add_sensor(name=f"{joint}_force", type=mujoco.mjtSensor.mjSENS_ACTUATORFRC,
-                            objtype=mujoco.mjtObj.mjOBJ_ACTUATOR, objname=joint)
-        return spec.compile()
+        return g1_flat_spec().compile()
 
     def __init__(self, sim, cfg: G1WalkConfig):
         super().__init__(sim, cfg)
-        first = sim.joint_index(JOINTS[0])
-        if [sim.joint_index(j)[0] for j in JOINTS] != list(range(first[0], first[0] + len(JOINTS))):
-            raise ValueError("the G1 model's joints are not stored in order")
-        self._qpos = slice(first[0], first[0] + len(JOINTS))
-        self._qvel = slice(first[1], first[1] + len(JOINTS))
-        ranges = np.array([sim.joint_range(j) for j in JOINTS])
-        centre, half = ranges.mean(axis=1), 0.5 * (ranges[:, 1] - ranges[:, 0])
-        self._soft_low, self._soft_high = centre - SOFT_LIMIT_FACTOR * half, centre + SOFT_LIMIT_FACTOR * half
+        self.joints = G1Joints(sim)
         self._pelvis = {name: sim.sensor(f"{name}_pelvis") for name in
                         ("local_linvel", "gyro", "orientation", "accelerometer", "global_angvel", "global_linvel")}
         self._torso_up = sim.sensor("upvector_torso")
@@ -159,7 +127,7 @@ class G1WalkFlat(Task):
         return self._targets
 
     def _update_state(self, actions: np.ndarray) -> None:
-        self._joint_pos = self.sim.qpos[:, self._qpos]
+        self._joint_pos = self.sim.qpos[:, self.joints.qpos]
         self._contact = np.stack([found[:, 0] > 0 for found in self._floor_contact], axis=1)
         self._feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
         self.feet.update(self._feet_z, self._contact)
@@ -207,7 +175,7 @@ class G1WalkFlat(Task):
             "contact_force": foot_force,
             "joint_deviation_knee": np.abs(deviation[:, KNEES]).sum(axis=1),
             "joint_deviation_hip": (np.abs(deviation[:, HIP_ROLL_YAW]) * hip_weights).sum(axis=1),
-            "dof_pos_limits": joint_limit_violation(self._joint_pos, self._soft_low, self._soft_high),
+            "dof_pos_limits": joint_limit_violation(self._joint_pos, self.joints.soft_low, self.joints.soft_high),
             "pose": squared_norm(deviation),
         }
 
@@ -217,7 +185,7 @@ class G1WalkFlat(Task):
         phase = self.phase[ids]
         critic = np.concatenate([
             pelvis["local_linvel"], pelvis["gyro"], projected_gravity(pelvis["orientation"]), self.commands.values[ids],
-            qpos[:, self._qpos] - DEFAULT_POSE, qvel[:, self._qvel], self.last_actions[ids],
+            qpos[:, self.joints.qpos] - DEFAULT_POSE, qvel[:, self.joints.qvel], self.last_actions[ids],
             np.cos(phase), np.sin(phase),
             pelvis["accelerometer"], pelvis["global_angvel"], qpos[:, 2:3],
             *[force[ids] for force in self._forces],
@@ -237,7 +205,7 @@ class G1WalkFlat(Task):
         qpos[ids, 0:2] += self.rng.uniform(-0.5, 0.5, (k, 2))
         qpos[ids, 3:7] = yaw_quat(self.rng.uniform(-np.pi, np.pi, k))  # the keyframe faces +x, unrotated
         joints = DEFAULT_POSE * self.rng.uniform(0.5, 1.5, (k, len(JOINTS)))
-        qpos[ids, self._qpos] = joints
+        qpos[ids, self.joints.qpos] = joints
         self.sim.ctrl[ids] = joints
         qvel[ids, 0:6] = self.rng.uniform(-0.5, 0.5, (k, 6))
         self.feet.reset(ids)

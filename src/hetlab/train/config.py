@@ -62,6 +62,7 @@ class TrainConfig:
 
     algo: Literal[tuple(ALGOS)] = "ppo"  # learning algorithm; its options are the --<algo>.* group
     task: str = "go1-joystick-flat"  # task to train (`hetlab tasks` lists them)
+    motion: str = ""  # g1-track-motion: the reference clip (.npz) to follow; "" = the task's own
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
@@ -122,6 +123,11 @@ class TrainConfig:
         if self.ring_slots:
             return self.ring_slots
         return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
+
+    @property
+    def task_options(self) -> dict[str, str]:
+        """The task's own options the run sets (each task refuses the ones it does not have)."""
+        return {"motion": self.motion} if self.motion else {}
 
     @property
     def envs_per_collector(self) -> int:
@@ -198,7 +204,8 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"--seed must be ≥ 0, got {cfg.seed}")
     if cfg.envs % cfg.collectors:
         raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
-    make_config(cfg.task, num_envs=cfg.envs_per_collector, sim=cfg.sim, threads=cfg.threads, seed=cfg.seed)
+    make_config(cfg.task, num_envs=cfg.envs_per_collector, sim=cfg.sim, threads=cfg.threads, seed=cfg.seed,
+                **cfg.task_options)
     if cfg.is_off_policy:
         _validate_off_policy(cfg)
         return

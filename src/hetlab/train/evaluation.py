@@ -18,8 +18,9 @@ EVAL_SEED = 1_000_003  # the evaluation envs' seed, past the run's own
 
 
 class PolicyEvaluation:
-    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device):
-        self.task = make_task(task, num_envs=envs, sim=sim, threads=1, seed=seed + EVAL_SEED, obs_noise=0.0)
+    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device, options: dict | None = None):
+        self.task = make_task(task, num_envs=envs, sim=sim, threads=1, seed=seed + EVAL_SEED, obs_noise=0.0,
+                              **(options or {}))
         self.task.reset()
         self.start = self.task.state_dict()  # every evaluation starts here: policies meet the same episodes
         self.device = device

@@ -44,6 +44,8 @@ def train(cfg: TrainConfig) -> Path:
         resume_state = load_checkpoint(run_dir)
         cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(cfg, given))
     cfg = with_run_defaults(cfg)
+    if cfg.motion:  # absolute, so that play and export find the clip from anywhere
+        cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
     device = pick_device(cfg.device)
     # A resumed run keeps its saved values, resolved for the device it started on.
     cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})

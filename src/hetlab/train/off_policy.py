@@ -60,7 +60,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episodes = EpisodeWindow()
     start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
-    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
+    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
+                                  cfg.task_options) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf
@@ -90,7 +91,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 spec = TransitionCollectorSpec(
                     index=index, task=cfg.task,
                     task_options={"num_envs": layout.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
-                                  "seed": seed},
+                                  "seed": seed, **cfg.task_options},
                     torch_threads=physics_threads, seed=seed,
                     learning_starts=algo_cfg.learning_starts, updates_per_step=algo_cfg.updates_per_step,
                     lead=cfg.off_policy.lead, first_step=int(steps[index]), update_offset=update_offset,

@@ -40,7 +40,8 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
-    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device)) \
+    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
+                                  cfg.task_options) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf
@@ -59,7 +60,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 spec = CollectorSpec(
                     index=index, task=cfg.task,
                     task_options={"num_envs": cfg.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
-                                  "seed": cfg.seed * 1000 + index},
+                                  "seed": cfg.seed * 1000 + index, **cfg.task_options},
                     horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
                     seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
                 )
