@@ -32,7 +32,6 @@ from hetlab.offload.quantise import QuantiseConfig
 from hetlab.imitation.study import StudyConfig
 from hetlab.seeds import parse_seeds
 from hetlab.tasks import TASKS, make_config
-from hetlab.train.config import TrainConfig
 
 app = SubcommandApp()
 bench = SubcommandApp()
@@ -144,7 +143,7 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
 
 @bench.command(name="sim")
 def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchConfig()) -> None:
-    """Physics substeps/s vs task env-steps/s, and the task_efficiency between them."""
+    """Physics substeps/s vs task env-steps/s, the task_efficiency between them, and the physics share of the task loop."""
     make_config(cfg.task, num_envs=cfg.envs, sim=cfg.sim, threads=cfg.threads)  # bad input fails before any work
     with Progress(console=err_console, transient=True) as progress:
         result = run_sim_bench(cfg, progress)
@@ -159,15 +158,28 @@ def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchC
     table.add_row("physics substeps/s", f"{result['physics_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["physics_steps_per_s"]))
     table.add_row("env steps/s", f"{result['env_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["env_steps_per_s"]))
     table.add_row("task_efficiency", f"{result['task_efficiency']:.3f}", " ".join(f"{v:.3f}" for v in rounds["task_efficiency"]))
+    table.add_row("physics share of the task loop", f"{result['physics_share']:.3f}",
+                  " ".join(f"{v:.3f}" for v in rounds["physics_share"]))
     console.print(table)
 
 
-@app.command(name="train")
-def train(cfg: Annotated[TrainConfig, tyro.conf.arg(name="")] = TrainConfig()) -> None:
-    """Train a policy: CPU collectors feed a learner on the best device (prints the run directory first)."""
-    from hetlab.train.launch import train as run_training
+def train_command(args: list[str]):
+    """`hetlab train` for the command line `args`: only the chosen algorithm's options, defaults from --config."""
+    from hetlab.train.command_line import as_train_config, command_type
 
-    run_training(cfg)
+    command, defaults = command_type(args)
+
+    def train(cfg=defaults) -> None:
+        """Train a policy: CPU collectors feed a learner on the best device (prints the run directory first)."""
+        from hetlab.train.launch import train as run_training
+
+        run_training(as_train_config(cfg))
+
+    train.__annotations__ = {"cfg": Annotated[command, tyro.conf.arg(name="")], "return": None}
+    return train
+
+
+app.command(train_command([]), name="train")
 
 
 @dataclass(frozen=True)
@@ -457,10 +469,13 @@ app.command(aloha, name="aloha", help="The ALOHA cube-transfer world and its AR-
 
 
 def main(argv: list[str] | None = None) -> None:
-    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:
         print(f"hetlab {hetlab.__version__}")
         return
     try:
+        if args[:1] == ["train"]:
+            app.command(train_command(args[1:]), name="train")
         app.cli(prog="hetlab", args=argv, description="Train robot policies with each stage on the device that suits it.")
     except UserError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)

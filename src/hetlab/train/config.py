@@ -1,4 +1,5 @@
-"""`hetlab train`'s options, their validation before any work starts, and a run's saved config.
+"""`hetlab train`'s options, their validation before any work starts, a run's saved config, and
+config files in its layout (`--config`).
 
 The algorithm options come from the algorithm registry: one `--<algo>.*` option group per
 registered algorithm (its own `Config`, gathered in `AlgoConfigs`), and `--algo` choosing
@@ -9,7 +10,9 @@ directory exists.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -85,6 +88,9 @@ class TrainConfig:
     eval_envs: int | None = None  # envs of the evaluation, one episode each (16)
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
+    # a file of options to start from: a run's config.json, or TOML in its layout (options by name,
+    # [algos.<algo>], [off_policy], [ray_pool]); options given beside it override its values
+    config: str | None = None
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     # Collectors as actors of a Ray cluster (the `ray` extra): local (one started here), auto (the
     # cluster `ray start` made this machine part of) or its address host:port. The learner stays here.
@@ -247,25 +253,53 @@ def _validate_off_policy(cfg: TrainConfig) -> None:
 def config_from_options(options: dict) -> TrainConfig:
     """A TrainConfig from keyword options (the Python API): the command line's names with
     underscores, an algorithm's options as a dict under its name, `off_policy` and `ray_pool` as
-    dicts too; UserError naming an option that does not exist."""
+    dicts too; `config` (a file, as --config) gives the values the others override. UserError
+    naming an option that does not exist."""
     options = dict(options)
+    base = read_config_file(Path(options["config"])) if options.get("config") else TrainConfig()
     groups = {name: options.pop(name) for name in ALGOS if name in options}
     nested = {"off_policy": OffPolicyConfig, "ray_pool": RayPoolConfig}
     try:
-        for name, cls in nested.items():
+        for name in nested:
             if isinstance(options.get(name), dict):
-                options[name] = cls(**options[name])
-        defaults = AlgoConfigs()
-        algos = AlgoConfigs(**{name: dataclasses.replace(getattr(defaults, name), **groups.get(name, {}))
+                options[name] = dataclasses.replace(getattr(base, name), **options[name])
+        algos = AlgoConfigs(**{name: dataclasses.replace(getattr(base.algos, name), **groups.get(name, {}))
                                for name in ALGOS})
-        return TrainConfig(**options, algos=algos)
+        return dataclasses.replace(base, **options, algos=algos)
     except TypeError as e:  # an unknown keyword: Python's message names it
         raise UserError(f"{e}; the options are `hetlab train --help`'s, with underscores") from e
 
 
+def read_config_file(path: Path) -> TrainConfig:
+    """The options of a config file (.json: a run's config.json; .toml: the same layout)."""
+    fix = "fix it, or pass a run's config.json"
+    if path.suffix not in (".json", ".toml"):
+        raise UserError(f"--config takes a .json file (a run's config.json) or a .toml one, got {path}")
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"--config {path}: cannot read it ({e.strerror})") from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except ValueError as e:  # JSONDecodeError and TOMLDecodeError both are
+        raise UserError(f"--config {path} is not valid {path.suffix[1:].upper()} ({e}); {fix}") from e
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path} holds a JSON {type(data).__name__}, not options by name; {fix}")
+    # A file describes a run to start: which run to continue, if any, is the command line's choice.
+    data.pop("resume", None)
+    return config_from_saved(data, path, fix)
+
+
 def load_run_config(run_dir: Path) -> TrainConfig:
     """The resolved config a run directory was trained with."""
-    data = read_rl_run_config(run_dir)
+    return config_from_saved(read_rl_run_config(run_dir), Path(run_dir) / "config.json",
+                             "restore it, or start a new run")
+
+
+def config_from_saved(data: dict, source: Path, fix: str) -> TrainConfig:
+    """A TrainConfig from config.json's layout (options by name; an algorithm's under "algos", its
+    name; "off_policy" and "ray_pool" as tables); UserError naming `source` and saying `fix`."""
+    data = dict(data)
     try:
         saved = data.pop("algos", {})
         # Runs from before an algorithm existed lack its section.
@@ -274,5 +308,4 @@ def load_run_config(run_dir: Path) -> TrainConfig:
         data["ray_pool"] = RayPoolConfig(**data.get("ray_pool", {}))  # runs from before Ray lack it
         return TrainConfig(**data)
     except (TypeError, KeyError, AttributeError) as e:
-        raise UserError(f"{run_dir / 'config.json'} does not hold the options of `hetlab train` ({e}); "
-                        "restore it, or start a new run") from e
+        raise UserError(f"{source} does not hold the options of `hetlab train` ({e}); {fix}") from e

@@ -1,0 +1,80 @@
+"""`hetlab train`'s command line: one algorithm's options at a time, on top of a config file.
+
+The command line shows and accepts only the chosen algorithm's `--<algo>.*` group (`hetlab train
+--algo sac --help` lists SAC's options, not the five others'); an option of another algorithm is
+refused in one line rather than ignored. `--config FILE` makes a file's options the starting
+point (a run's config.json, or TOML in the same layout) and the options given beside it override
+them. The algorithm is the one `--algo` names, else the config file's, else PPO; a resumed run
+(`--resume` without `--algo`) keeps its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from hetlab.algos import ALGOS
+from hetlab.errors import UserError
+from hetlab.train.config import AlgoConfigs, TrainConfig, read_config_file
+
+
+def command_type(args: list[str]) -> tuple[type, object]:
+    """The config type `hetlab train ARGS` parses (TrainConfig with only the chosen algorithm's
+    options) and its defaults (a --config file's values, else TrainConfig's)."""
+    config_file = _value_of("--config", args)
+    base = read_config_file(Path(config_file)) if config_file else TrainConfig()
+    algo = _value_of("--algo", args) or (base.algo if config_file or not _value_of("--resume", args) else None)
+    # A resumed run's algorithm is its own, checked with its other options when the run is read;
+    # an unknown --algo is tyro's to refuse, naming the choices. Both parse every group.
+    if algo not in ALGOS:
+        return TrainConfig, base
+    for arg in args:
+        for other in ALGOS:
+            if other != algo and arg.startswith(f"--{other}."):
+                raise UserError(f"{arg.split('=')[0]} is an option of --algo {other}, and this run trains {algo}: "
+                                f"give --algo {other}, or drop it")
+    command, command_algos = _config_types_for(algo)
+    return command, _converted(base, command, command_algos)
+
+
+def as_train_config(parsed) -> TrainConfig:
+    """The TrainConfig of what a command type of `command_type` parsed."""
+    return _converted(parsed, TrainConfig, AlgoConfigs)
+
+
+def _value_of(option: str, args: list[str]) -> str | None:
+    """The last value given to `option` (as `--x V` or `--x=V`), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _config_types_for(algo: str) -> tuple[type, type]:
+    """A TrainConfig whose command line holds only `algo`'s option group (the others keep their
+    defaults, which the run never reads), and its AlgoConfigs."""
+    algos = dataclasses.make_dataclass(
+        "AlgoConfigs",
+        [(name, cls.Config if name == algo else Annotated[cls.Config, tyro.conf.Suppress],
+          dataclasses.field(default_factory=cls.Config)) for name, cls in ALGOS.items()],
+        frozen=True,
+    )
+    command = dataclasses.make_dataclass(
+        "TrainConfig", [("algos", Annotated[algos, tyro.conf.arg(name="")], dataclasses.field(default_factory=algos))],
+        bases=(TrainConfig,), frozen=True,
+    )
+    # Named as TrainConfig, whose source holds the comments tyro turns into each option's help.
+    command.__doc__, command.__module__, command.__qualname__ = TrainConfig.__doc__, TrainConfig.__module__, "TrainConfig"
+    return command, algos
+
+
+def _converted(cfg, cls: type, algos_cls: type):
+    """`cfg`'s options as a `cls` whose algorithm groups are an `algos_cls`."""
+    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "algos"}
+    return cls(**options, algos=algos_cls(**{name: getattr(cfg.algos, name) for name in ALGOS}))
