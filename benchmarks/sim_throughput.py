@@ -4,7 +4,7 @@
 
 Each run is a fresh process (`hetlab bench sim --json`), itself a median over alternating
 physics/task rounds. Run it alone: on a 2-core box any other process skews both rates.
-Writes runs/benchmarks/sim_throughput.json and prints a markdown table.
+Writes runs/benchmarks/sim_throughput-<task>.json and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ for envs in args.envs:
         print(f"envs {envs} run {run + 1}/{args.runs}: task_efficiency {runs[-1]['task_efficiency']:.3f}", file=sys.stderr)
     results[envs] = {
         key: statistics.median(r[key] for r in runs)
-        for key in ("physics_steps_per_s", "env_steps_per_s", "task_efficiency")
+        for key in ("physics_steps_per_s", "env_steps_per_s", "task_efficiency", "physics_share")
     } | {"runs": runs, "threads": runs[0]["threads"]}
 
 out_dir = Path("runs/benchmarks")
 out_dir.mkdir(parents=True, exist_ok=True)
-(out_dir / "sim_throughput.json").write_text(json.dumps({"task": args.task, "results": results}, indent=2))
-print(f"| {args.task} | threads | physics substeps/s | env steps/s | task_efficiency |")
-print("|---|---:|---:|---:|---:|")
+(out_dir / f"sim_throughput-{args.task}.json").write_text(json.dumps({"task": args.task, "results": results}, indent=2))
+print(f"| {args.task} | threads | physics substeps/s | env steps/s | task_efficiency | physics share of the task loop |")
+print("|---|---:|---:|---:|---:|---:|")
 for envs, r in results.items():
     print(
         f"| {envs} envs | {r['threads']} | {r['physics_steps_per_s']:,.0f} | {r['env_steps_per_s']:,.0f} "
-        f"| {r['task_efficiency']:.3f} |"
+        f"| {r['task_efficiency']:.3f} | {r['physics_share']:.3f} |"
     )
