@@ -1,0 +1,80 @@
+"""Does PPO learn each task on a CPU? One timed `hetlab train` run per task, one after the other,
+with the return (and each task's per-episode metrics: goals reached, tracking errors) at the
+start and at the end, and the learning curves as one figure.
+
+    .venv/bin/python benchmarks/task_learning.py [--tasks leap-cube-reorient g1-walk-flat g1-track-motion]
+                                                 [--minutes 10] [--envs 512]
+
+PPO runs with the `make run` settings (actor and critic 256-128-64, initial action noise 0.5).
+Run it alone: on a 2-core box any other process slows every run. Writes
+runs/benchmarks/task_learning.{json,png} and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--tasks", nargs="+", default=["leap-cube-reorient", "g1-walk-flat", "g1-track-motion"])
+parser.add_argument("--minutes", type=float, default=10.0)
+parser.add_argument("--envs", type=int, default=512)
+args = parser.parse_args()
+
+PPO_ARGS = ["--algo", "ppo", "--ppo.actor-hidden", "256", "128", "64",
+            "--ppo.critic-hidden", "256", "128", "64", "--ppo.init-noise-std", "0.5"]
+
+
+def train(task: str) -> dict:
+    hetlab = Path(sys.executable).with_name("hetlab")
+    with tempfile.TemporaryDirectory() as runs:
+        out = subprocess.run(
+            [str(hetlab), "train", "--task", task, "--envs", str(args.envs), "--max-seconds", str(args.minutes * 60),
+             "--max-iterations", "100000000", "--checkpoint-every", "100000000", "--runs-dir", runs, *PPO_ARGS],
+            check=True, capture_output=True, text=True,
+        )
+        run_dir = Path(out.stdout.splitlines()[0])
+        return {"summary": json.loads((run_dir / "summary.json").read_text()),
+                "history": json.loads((run_dir / "history.json").read_text())}
+
+
+results = {}
+for task in args.tasks:
+    results[task] = train(task)
+    print(f"{task} done", file=sys.stderr, flush=True)
+
+out_dir = Path("runs/benchmarks")
+out_dir.mkdir(parents=True, exist_ok=True)
+(out_dir / "task_learning.json").write_text(json.dumps(
+    {"envs": args.envs, "minutes": args.minutes, "ppo_args": PPO_ARGS, "results": results}))
+
+fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.6), squeeze=False)
+for ax, (task, result) in zip(axes[0], results.items()):
+    rows = [row for row in result["history"] if row["mean_reward"] == row["mean_reward"]]
+    ax.plot([row["env_steps"] / 1e6 for row in rows], [row["mean_reward"] for row in rows])
+    ax.set_title(task)
+    ax.set_xlabel("env steps (millions)")
+    ax.grid(alpha=0.3)
+axes[0][0].set_ylabel("mean episode return (last 100 episodes)")
+fig.suptitle(f"PPO, {args.envs} envs, {args.minutes:g} min each on the CPU")
+fig.tight_layout()
+fig.savefig(out_dir / "task_learning.png", dpi=110)
+
+print("| task | env steps | env-steps/s | return first → last | per-episode metrics first → last |")
+print("|---|---:|---:|---|---|")
+for task, result in results.items():
+    s = result["summary"]
+    metrics = ", ".join(
+        f"{key[len('episode/'):-len('_first')]} {s[key]:.3g} → {s[key[:-len('_first')] + '_last']:.3g}"
+        for key in s if key.startswith("episode/") and key.endswith("_first"))
+    print(f"| {task} | {s['env_steps']:,} | {s['env_steps_per_s']:,.0f} | "
+          f"{s['mean_reward_first']:.2f} → {s['mean_reward_last']:.2f} | {metrics} |")
