@@ -187,3 +187,22 @@ def assert_same_weights():
             assert (a[key] == b[key]).all(), key
 
     return check
+
+
+@pytest.fixture
+def refusal(capsys):
+    """`refusal(*args)`: the one line `hetlab ARGS` prints before it exits with status 2. It runs
+    `hetlab.cli.main`, as the console script does, in this process: the bad-input checks would
+    otherwise each pay a new interpreter's imports (tests/test_cli.py runs the script itself)."""
+    from hetlab.cli import main
+
+    def refused(*args) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main([str(arg) for arg in args])
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2, err
+        assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+        return err
+
+    return refused
+

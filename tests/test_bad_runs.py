@@ -3,7 +3,7 @@ config.json — is refused in one line with exit status 2, never a traceback.
 
 The runs are real and tiny: a cartpole PPO run of `hetlab train`, a Phase-A run on the tiny
 ALOHA recording and a Phase-B run from it. The commands run through `hetlab.cli.main`, as the
-console script does.
+console script does (the `refusal` fixture).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pytest
 import torch
 
 import hetlab.imitation.phase_a as phase_a
-from hetlab.cli import main
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
@@ -65,21 +64,11 @@ def corrupt_copy(run: Path, to: Path) -> Path:
     return to
 
 
-def refusal(capsys, *args: str) -> str:
-    """The one line `hetlab *args` prints before it exits with status 2."""
-    with pytest.raises(SystemExit) as exit_:
-        main([str(arg) for arg in args])
-    err = capsys.readouterr().err.strip()
-    assert exit_.value.code == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
-    return err
-
-
 # --- a Phase-B run where a Phase-A run is needed ----------------------------------------------------
 
 @pytest.mark.parametrize("command", [["aloha", "train", "--phase", "A", "--resume"], ["offload", "fidelity"]])
-def test_a_phase_b_run_is_refused_naming_the_phase_a_run_it_came_from(phase_a_run, phase_b_run, capsys, command):
-    line = refusal(capsys, *command, phase_b_run)
+def test_a_phase_b_run_is_refused_naming_the_phase_a_run_it_came_from(phase_a_run, phase_b_run, refusal, command):
+    line = refusal(*command, phase_b_run)
     assert f"{phase_b_run} is a Phase-B run" in line and f"pass {phase_a_run}, the one it came from" in line
 
 
@@ -87,15 +76,15 @@ def test_a_phase_b_run_is_refused_naming_the_phase_a_run_it_came_from(phase_a_ru
 
 @pytest.mark.parametrize("command", [["train", "--resume"], ["export"], ["play"]])
 @pytest.mark.parametrize("phase", ["A", "B"])
-def test_an_ar_actor_run_is_refused_by_the_rl_commands(phase_a_run, phase_b_run, capsys, command, phase):
+def test_an_ar_actor_run_is_refused_by_the_rl_commands(phase_a_run, phase_b_run, refusal, command, phase):
     run = phase_a_run if phase == "A" else phase_b_run
-    line = refusal(capsys, *command, run)
+    line = refusal(*command, run)
     assert f"{run} is an AR-Actor run (Phase {phase} of `hetlab aloha train`)" in line
     assert "runs/<task>-<algo>/<timestamp>" in line
 
 
-def test_an_rl_run_is_refused_by_the_aloha_commands(rl_run, capsys):
-    line = refusal(capsys, "aloha", "train", "--phase", "A", "--resume", rl_run)
+def test_an_rl_run_is_refused_by_the_aloha_commands(rl_run, refusal):
+    line = refusal("aloha", "train", "--phase", "A", "--resume", rl_run)
     assert f"{rl_run}: not an AR-Actor run (a run of `hetlab train`)" in line
 
 
@@ -103,28 +92,28 @@ def test_an_rl_run_is_refused_by_the_aloha_commands(rl_run, capsys):
 
 @pytest.mark.parametrize("command", [["aloha", "train", "--phase", "A", "--resume"], ["offload", "fidelity"],
                                      ["aloha", "eval"], ["aloha", "train", "--phase", "B", "--from"]])
-def test_a_corrupt_ar_actor_config_is_one_line(phase_a_run, tmp_path, capsys, command):
+def test_a_corrupt_ar_actor_config_is_one_line(phase_a_run, tmp_path, refusal, command):
     run = corrupt_copy(phase_a_run, tmp_path / "run")
-    assert refusal(capsys, *command, run).startswith(f"error: {run / 'config.json'} is corrupt (")
+    assert refusal(*command, run).startswith(f"error: {run / 'config.json'} is corrupt (")
 
 
 @pytest.mark.parametrize("command", [["train", "--resume"], ["export"], ["play"]])
-def test_a_corrupt_rl_config_is_one_line(rl_run, tmp_path, capsys, command):
+def test_a_corrupt_rl_config_is_one_line(rl_run, tmp_path, refusal, command):
     run = corrupt_copy(rl_run, tmp_path / "run")
-    assert refusal(capsys, *command, run).startswith(f"error: {run / 'config.json'} is corrupt (")
+    assert refusal(*command, run).startswith(f"error: {run / 'config.json'} is corrupt (")
 
 
-def test_an_rl_config_with_an_unknown_option_is_one_line(rl_run, tmp_path, capsys):
+def test_an_rl_config_with_an_unknown_option_is_one_line(rl_run, tmp_path, refusal):
     run = tmp_path / "run"
     shutil.copytree(rl_run, run)
     config = json.loads((run / "config.json").read_text())
     (run / "config.json").write_text(json.dumps({**config, "no_such_option": 1}))
-    line = refusal(capsys, "export", run)
+    line = refusal("export", run)
     assert line.startswith(f"error: {run / 'config.json'} does not hold the options of `hetlab train` (")
 
 
-def test_a_config_that_is_not_an_object_is_one_line(phase_a_run, tmp_path, capsys):
+def test_a_config_that_is_not_an_object_is_one_line(phase_a_run, tmp_path, refusal):
     run = tmp_path / "run"
     shutil.copytree(phase_a_run, run)
     (run / "config.json").write_text("[]")
-    assert "is corrupt (a JSON list, not an object)" in refusal(capsys, "aloha", "eval", run)
+    assert "is corrupt (a JSON list, not an object)" in refusal("aloha", "eval", run)

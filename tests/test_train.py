@@ -40,11 +40,13 @@ def segments_of(pid: int) -> list[str]:
 
 @pytest.mark.parametrize(
     ("algo", "mode", "iterations"),
-    [("appo", "async", 100)],  # PPO (sync, 70 iterations) is the README's quick start: tests/test_readme.py
+    # PPO (sync, 70 iterations) is the README's quick start: tests/test_readme.py. APPO with 64 envs:
+    # seeds 0 and 1 passed 350 at iterations 54 and 38 and held ~497 from iteration 70 on.
+    [("appo", "async", 80)],
 )
 def test_solves_cartpole(tmp_path, algo, mode, iterations):
     run_dir, _ = train(
-        tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "128",
+        tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "64",
         "--horizon", "32", "--max-iterations", str(iterations), "--checkpoint-every", "1000",
     )
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -155,7 +157,7 @@ def test_sync_resume_is_exact(tmp_path, assert_same_weights):
     assert len(updates) == 6  # three learner updates of each session, one after the other
 
 
-def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path):
+def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_NETS]
     run_dir, _ = train(tmp_path, *common, "--max-iterations", "2")
     before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "history.json", "trace.json")}
@@ -164,10 +166,7 @@ def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path):
         (["--max-iterations", "4", "--envs", "32"], "--envs asks for 32 where the run has 16"),
         (["--max-iterations", "4", "--ppo.learning-rate", "0.5"], "--ppo.learning-rate asks for 0.5 where the run has 0.001"),
     ]:
-        result = subprocess.run([HETLAB, "train", "--resume", str(run_dir), *args], capture_output=True, text=True,
-                                timeout=60)
-        assert result.returncode == 2 and message in result.stderr, result.stderr
-        assert "Traceback" not in result.stderr
+        assert message in refusal("train", "--resume", run_dir, *args)
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 
@@ -247,13 +246,8 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
         (["--keep-checkpoints", "-2"], "--keep-checkpoints must be ≥ 0"),
     ],
 )
-def test_impossible_configs_fail_before_anything_starts(tmp_path, args, message):
-    result = subprocess.run(
-        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", *args],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+def test_impossible_configs_fail_before_anything_starts(tmp_path, refusal, args, message):
+    assert message in refusal("train", "--runs-dir", tmp_path / "runs", "--task", "cartpole-balance", *args)
     assert not (tmp_path / "runs").exists()  # no run directory for a run that never started
 
 
@@ -282,13 +276,12 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
     assert segments_of(learner.pid) == []
 
 
-def test_resume_from_a_corrupt_pointer_says_how_to_fix_it(tmp_path):
+def test_resume_from_a_corrupt_pointer_says_how_to_fix_it(tmp_path, refusal):
     run_dir, _ = train(tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8",
                        "--max-iterations", "1", *SMALL_NETS)
     (run_dir / "checkpoint.json").write_text("{")
-    result = subprocess.run([HETLAB, "train", "--resume", str(run_dir)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "is corrupt" in result.stderr and "latest" in result.stderr and "Traceback" not in result.stderr
+    line = refusal("train", "--resume", run_dir)
+    assert "is corrupt" in line and "latest" in line
 
 
 @pytest.mark.parametrize("inference", ["collector", "learner"])

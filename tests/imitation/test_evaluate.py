@@ -21,7 +21,7 @@ MAX_STEPS = 30  # a few policy chunks per episode keeps the test short; the task
 
 @pytest.fixture(scope="module")
 def run(tiny_aloha_dataset, tmp_path_factory):
-    return train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=10,
+    return train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=2,
                                       loader_workers=0, runs_dir=tmp_path_factory.mktemp("runs")))
 
 
@@ -140,9 +140,9 @@ def test_evaluation_records_temporal_ensembling_and_refuses_a_negative_weight(ru
 
 
 def test_a_kept_checkpoint_is_evaluated_by_its_step(run, tmp_path):
-    report = evaluate(EvalConfig(run=run, seeds="2000", workers=1, videos=0, max_steps=2, checkpoint=10))
-    assert report["step"] == 10 and report["out"] == str(run / "eval" / "2000-step10")
-    with pytest.raises(UserError, match=r"keeps no checkpoint of step 5; it keeps step\(s\) 10"):
+    report = evaluate(EvalConfig(run=run, seeds="2000", workers=1, videos=0, max_steps=2, checkpoint=2))
+    assert report["step"] == 2 and report["out"] == str(run / "eval" / "2000-step2")
+    with pytest.raises(UserError, match=r"keeps no checkpoint of step 5; it keeps step\(s\) 2"):
         evaluate(EvalConfig(run=run, seeds="2000", checkpoint=5, out=tmp_path / "eval"))
     assert not (tmp_path / "eval").exists()
 

@@ -257,14 +257,14 @@ def hetlab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([HETLAB, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
-def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_path):
-    result = hetlab("aloha", "train", "--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--steps", "10",
+def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_path, refusal):
+    result = hetlab("aloha", "train", "--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--steps", "2",
                     "--train-episodes", "0-1", "--runs-dir", str(tmp_path / "runs"), "--loader-workers", "0")
     assert result.returncode == 0, result.stderr
     [run] = (tmp_path / "runs" / phase_a.RUN_KIND).iterdir()
     assert result.stdout.splitlines()[0] == str(run)
-    assert "step 10, loss" in result.stdout
-    assert load_checkpoint(run)["step"] == 10
+    assert "step 2, loss" in result.stdout
+    assert load_checkpoint(run)["step"] == 2
 
     for args, message in [
         (["--dataset", str(tmp_path / "absent"), "--preset", "tiny"], "no such dataset directory"),
@@ -277,7 +277,5 @@ def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_pa
         (["--phase", "B", "--from", str(run), "--preset", "tiny"], "--preset is an option of Phase A"),
         (["--phase", "B", "--from", str(run), "--compile", "on"], "--compile is an option of Phase A"),
     ]:
-        bad = hetlab("aloha", "train", "--runs-dir", str(tmp_path / "refused"), *args)
-        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
-        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert message in refusal("aloha", "train", "--runs-dir", tmp_path / "refused", *args)
     assert not (tmp_path / "refused").exists()

@@ -19,7 +19,7 @@ from hetlab.offload.quantise import QuantiseConfig
 
 @pytest.fixture(scope="module")
 def phase_a_run(tiny_aloha_dataset, tmp_path_factory):
-    return train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=10,
+    return train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=2,
                                       loader_workers=0, runs_dir=tmp_path_factory.mktemp("runs")))
 
 
