@@ -26,9 +26,11 @@ def command_type(args: list[str]) -> tuple[type, object]:
     options) and its defaults (a --config file's values, else TrainConfig's)."""
     config_file = _value_of("--config", args)
     base = read_config_file(Path(config_file)) if config_file else TrainConfig()
-    algo = _value_of("--algo", args) or (base.algo if config_file or not _value_of("--resume", args) else None)
-    # A resumed run's algorithm is its own, checked with its other options when the run is read;
-    # an unknown --algo is tyro's to refuse, naming the choices. Both parse every group.
+    algo = _value_of("--algo", args)
+    if algo is None and (config_file or not _value_of("--resume", args)):
+        algo = base.algo
+    # A resumed run's algorithm (None here) is its own, checked with its other options when the run
+    # is read; an unknown --algo is tyro's to refuse, naming the choices. Both parse every group.
     if algo not in ALGOS:
         return TrainConfig, base
     for arg in args:

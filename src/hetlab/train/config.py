@@ -258,9 +258,8 @@ def config_from_options(options: dict) -> TrainConfig:
     options = dict(options)
     base = read_config_file(Path(options["config"])) if options.get("config") else TrainConfig()
     groups = {name: options.pop(name) for name in ALGOS if name in options}
-    nested = {"off_policy": OffPolicyConfig, "ray_pool": RayPoolConfig}
     try:
-        for name in nested:
+        for name in ("off_policy", "ray_pool"):
             if isinstance(options.get(name), dict):
                 options[name] = dataclasses.replace(getattr(base, name), **options[name])
         algos = AlgoConfigs(**{name: dataclasses.replace(getattr(base.algos, name), **groups.get(name, {}))
