@@ -144,23 +144,43 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
 @bench.command(name="sim")
 def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchConfig()) -> None:
     """Physics substeps/s vs task env-steps/s, the task_efficiency between them, and the physics share of the task loop."""
-    make_config(cfg.task, num_envs=cfg.envs, sim=cfg.sim, threads=cfg.threads)  # bad input fails before any work
+    # Bad input fails before any work; with --sim all, a backend that cannot run the task is named in the result.
+    make_config(cfg.task, num_envs=cfg.envs, sim="mujoco" if cfg.sim == "all" else cfg.sim, threads=cfg.threads)
     with Progress(console=err_console, transient=True) as progress:
         result = run_sim_bench(cfg, progress)
     if cfg.json:
         _print_json(result)
         return
-    table = Table(title=f"bench sim: {result['task']}, {result['envs']} envs, {result['threads']} threads")
+    if cfg.sim != "all":
+        console.print(_sim_bench_table(result))
+        return
+    results = result["results"]
+    threads = ", ".join(sorted({str(r["threads"]) for r in results}))
+    table = Table(title=f"bench sim --sim all: {result['task']}, {result['envs']} envs, {threads} threads "
+                        f"(medians of {cfg.rounds} interleaved rounds)")
+    table.add_column("metric")
+    for r in results:
+        table.add_column(r["sim"], justify="right")
+    for label, key, form in _SIM_BENCH_ROWS:
+        table.add_row(label, *(format(r[key], form) for r in results))
+    console.print(table)
+    for name, reason in result["unavailable"].items():
+        console.print(f"{name}: not measured, {reason}")
+
+
+_SIM_BENCH_ROWS = [("physics substeps/s", "physics_steps_per_s", ",.0f"), ("env steps/s", "env_steps_per_s", ",.0f"),
+                   ("task_efficiency", "task_efficiency", ".3f"), ("physics share of the task loop", "physics_share", ".3f")]
+
+
+def _sim_bench_table(result: dict) -> Table:
+    table = Table(title=f"bench sim: {result['task']} on {result['sim']}, {result['envs']} envs, "
+                        f"{result['threads']} threads")
     table.add_column("metric")
     table.add_column("median", justify="right")
     table.add_column(f"per round ({result['rounds']})", justify="right")
-    rounds = result["per_round"]
-    table.add_row("physics substeps/s", f"{result['physics_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["physics_steps_per_s"]))
-    table.add_row("env steps/s", f"{result['env_steps_per_s']:,.0f}", " ".join(f"{v:,.0f}" for v in rounds["env_steps_per_s"]))
-    table.add_row("task_efficiency", f"{result['task_efficiency']:.3f}", " ".join(f"{v:.3f}" for v in rounds["task_efficiency"]))
-    table.add_row("physics share of the task loop", f"{result['physics_share']:.3f}",
-                  " ".join(f"{v:.3f}" for v in rounds["physics_share"]))
-    console.print(table)
+    for label, key, form in _SIM_BENCH_ROWS:
+        table.add_row(label, format(result[key], form), " ".join(format(v, form) for v in result["per_round"][key]))
+    return table
 
 
 def train_command(args: list[str]):

@@ -2,37 +2,65 @@
 
 A backend is one module with a `BatchSim` class and its bare stepping, and one entry in `SIMS`.
 Tasks, `hetlab play` and `hetlab bench sim` ask this registry for a sim, never a backend
-directly.
+directly. Backends that need an optional extra are imported only when chosen.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 
 import mujoco
 
 from hetlab.errors import UserError
-from hetlab.sim import mujoco_batch
 from hetlab.sim.contract import BatchSim
 
 
 @dataclass(frozen=True)
 class SimBackend:
     name: str
-    # (model, num_envs, *, threads, seed, keyframe) -> BatchSim
-    make: Callable[..., BatchSim]
-    # (model, num_envs, threads, keyframe) -> step(substeps): the backend's own stepping and nothing
-    # else, the baseline `hetlab bench sim` measures a task against
-    bare_physics: Callable[[mujoco.MjModel, int, int, str | None], Callable[[int], None]]
+    module: str  # hetlab.sim.<module> holds the two entry points below
+    sim_class: str  # (spec, num_envs, *, threads, seed, keyframe) -> BatchSim
+    needs: str | None  # the distribution it steps with, from the extra of the same name; None: built in
+    rounding: float  # relative rounding of the state it stores: 0 for float64, 2⁻²³ for float32
+    about: str
+
+    def _entry(self, name: str):
+        return getattr(importlib.import_module(f"hetlab.sim.{self.module}"), name)
+
+    def make(self, spec: mujoco.MjSpec, num_envs: int, **options) -> BatchSim:
+        return self._entry(self.sim_class)(spec, num_envs, **options)
+
+    def bare_physics(self, spec: mujoco.MjSpec, num_envs: int, threads: int,
+                     keyframe: str | None) -> Callable[[int], None]:
+        """(spec, num_envs, threads, keyframe) -> step(substeps): the backend's own stepping and
+        nothing else, the baseline `hetlab bench sim` measures a task against."""
+        return self._entry("bare_physics")(spec, num_envs, threads, keyframe)
+
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here (one line), or None."""
+        if self.needs is None:
+            return None
+        try:
+            metadata.version(self.needs)
+        except metadata.PackageNotFoundError:
+            return f"{self.needs} is not installed: pip install 'hetlab[{self.name}]'"
+        return None
 
 
 SIMS = {backend.name: backend for backend in (
-    SimBackend("mujoco", mujoco_batch.MujocoBatchSim, mujoco_batch.bare_physics),
+    SimBackend("mujoco", "mujoco_batch", "MujocoBatchSim", None, 0.0, "MuJoCo 4's mujoco.batch on CPU threads"),
+    SimBackend("motrix", "motrix", "MotrixBatchSim", "motrixsim", 2.0**-23, "MotrixSim on CPU threads (float32)"),
 )}
 
 
 def sim_backend(name: str) -> SimBackend:
+    """The backend called `name`, checked usable here; UserError saying why not."""
     if name not in SIMS:
         raise UserError(f"unknown physics backend {name!r}; available: {', '.join(sorted(SIMS))}")
-    return SIMS[name]
+    backend = SIMS[name]
+    if (reason := backend.unavailable()) is not None:
+        raise UserError(f"--sim {name}: {reason}")
+    return backend

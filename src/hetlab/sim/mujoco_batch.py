@@ -25,11 +25,11 @@ _NOISY_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLI
 
 
 class MujocoBatchSim:
-    """`num_envs` copies of `model` on `threads` CPU threads (0 = all cores)."""
+    """`num_envs` copies of the model `spec` compiles to, on `threads` CPU threads (0 = all cores)."""
 
     def __init__(
         self,
-        model: mujoco.MjModel,
+        spec: mujoco.MjSpec,
         num_envs: int,
         threads: int = 0,
         seed: int = 0,
@@ -38,7 +38,7 @@ class MujocoBatchSim:
     ):
         if num_envs < 1:
             raise UserError(f"the number of envs must be at least 1, got {num_envs}")
-        self.model = model
+        self.model = model = spec.compile()
         self.num_envs = num_envs
         self.timestep = float(model.opt.timestep)
         self.divergences = 0
@@ -194,9 +194,10 @@ def _sorted_ids(env_ids: np.ndarray) -> np.ndarray:
     return np.unique(np.asarray(env_ids, dtype=np.int64))
 
 
-def bare_physics(model: mujoco.MjModel, num_envs: int, threads: int, keyframe: str | None) -> Callable[[int], None]:
+def bare_physics(spec: mujoco.MjSpec, num_envs: int, threads: int, keyframe: str | None) -> Callable[[int], None]:
     """Plain `Batch.step` from the keyframe, with no checks and no copies: what the physics
     alone costs."""
+    model = spec.compile()
     batch = mujoco.batch.Batch(model, num_envs, nthread=threads)
     batch.reset(keyframe=-1 if keyframe is None else model.key(keyframe).id)
     return lambda substeps: batch.step(nstep=substeps)

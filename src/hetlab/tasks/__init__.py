@@ -32,13 +32,18 @@ def make_config(name: str, **overrides) -> TaskConfig:
     if unknown:
         raise UserError(f"task {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}")
     cfg = cls.Config(**overrides)
-    sim_backend(cfg.sim)
+    backend = sim_backend(cfg.sim)
     if cfg.num_envs < 1:
         raise UserError(f"--envs must be at least 1, got {cfg.num_envs}")
     cores = cpu_count()
     if not 0 <= cfg.threads <= cores:
         raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
     cls.check_assets(cfg)
+    if backend.needs is not None:
+        # An engine other than MuJoCo may not read every part of the scene: one env, built now,
+        # says which before any work starts.
+        cls(backend.make(cls.build_spec(cfg), 1, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe),
+            dataclasses.replace(cfg, num_envs=1))
     return cfg
 
 
@@ -46,7 +51,7 @@ def make_task(name: str, **overrides) -> Task:
     """Build task `name` on its physics backend: e.g. make_task("cartpole-balance", num_envs=64)."""
     cls = task_class(name)
     cfg = make_config(name, **overrides)
-    sim = sim_backend(cfg.sim).make(cls.build_model(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
+    sim = sim_backend(cfg.sim).make(cls.build_spec(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
                                     keyframe=cls.keyframe)
     return cls(sim, cfg)
 

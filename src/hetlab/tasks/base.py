@@ -62,8 +62,13 @@ class Task(ABC):
 
     @classmethod
     @abstractmethod
+    def build_spec(cls, cfg: TaskConfig) -> mujoco.MjSpec:
+        """The task's scene as an MjSpec: physics backends compile it or read it as MJCF."""
+
+    @classmethod
     def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
-        """The task's scene, built with MjSpec."""
+        """The task's scene, compiled by MuJoCo."""
+        return cls.build_spec(cfg).compile()
 
     @classmethod
     def check_assets(cls, cfg: TaskConfig) -> None:

@@ -40,7 +40,7 @@ class CartpoleBalance(Task):
     }
 
     @classmethod
-    def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
+    def build_spec(cls, cfg: TaskConfig) -> mujoco.MjSpec:
         spec = mujoco.MjSpec()
         spec.modelname = "cartpole"
         spec.option.timestep = 0.01
@@ -67,7 +67,7 @@ class CartpoleBalance(Task):
             gear=[10, 0, 0, 0, 0, 0], ctrlrange=[-1, 1], ctrllimited=True,
         )
         spec.add_key(name="upright", qpos=[0.0, 0.0])
-        return spec.compile()
+        return spec
 
     def __init__(self, sim, cfg: CartpoleConfig):
         super().__init__(sim, cfg)

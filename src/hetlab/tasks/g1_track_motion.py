@@ -97,13 +97,13 @@ class G1TrackMotion(Task):
         motion_clip_path(cfg.motion)
 
     @classmethod
-    def build_model(cls, cfg: G1TrackMotionConfig) -> mujoco.MjModel:
+    def build_spec(cls, cfg: G1TrackMotionConfig) -> mujoco.MjSpec:
         spec = g1_flat_spec()
         for body in BODIES:  # world-frame velocities of each tracked body's origin
             for kind, sensor in (("linvel", mujoco.mjtSensor.mjSENS_FRAMELINVEL),
                                  ("angvel", mujoco.mjtSensor.mjSENS_FRAMEANGVEL)):
                 spec.add_sensor(name=f"{body}_{kind}", type=sensor, objtype=mujoco.mjtObj.mjOBJ_XBODY, objname=body)
-        return spec.compile()
+        return spec
 
     def __init__(self, sim, cfg: G1TrackMotionConfig):
         super().__init__(sim, cfg)

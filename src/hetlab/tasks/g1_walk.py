@@ -88,8 +88,8 @@ class G1WalkFlat(Task):
         scene_xml("g1_flat")
 
     @classmethod
-    def build_model(cls, cfg: G1WalkConfig) -> mujoco.MjModel:
-        return g1_flat_spec().compile()
+    def build_spec(cls, cfg: G1WalkConfig) -> mujoco.MjSpec:
+        return g1_flat_spec()
 
     def __init__(self, sim, cfg: G1WalkConfig):
         super().__init__(sim, cfg)

@@ -92,7 +92,7 @@ class Go1JoystickFlat(Task):
         robot_xml("go1", cfg.assets_dir)
 
     @classmethod
-    def build_model(cls, cfg: Go1JoystickConfig) -> mujoco.MjModel:
+    def build_spec(cls, cfg: Go1JoystickConfig) -> mujoco.MjSpec:
         spec = mujoco.MjSpec.from_file(str(robot_xml("go1", cfg.assets_dir)))
         opt = spec.option
         opt.timestep = 0.004
@@ -126,7 +126,7 @@ class Go1JoystickFlat(Task):
         home = spec.key("home")
         home.qpos = [0, 0, STANDING_HEIGHT, 1, 0, 0, 0, *DEFAULT_POSE]
         home.ctrl = DEFAULT_POSE
-        return spec.compile()
+        return spec
 
     def __init__(self, sim, cfg: Go1JoystickConfig):
         super().__init__(sim, cfg)

@@ -87,7 +87,7 @@ class LeapCubeReorient(Task):
         scene_xml("leap_cube")
 
     @classmethod
-    def build_model(cls, cfg: LeapCubeConfig) -> mujoco.MjModel:
+    def build_spec(cls, cfg: LeapCubeConfig) -> mujoco.MjSpec:
         spec = mujoco.MjSpec.from_file(str(scene_xml("leap_cube")))
         # Sensors the task does not read cost a pass each step; the angular acceleration one
         # would also make every reset compute accelerations.
@@ -95,7 +95,7 @@ class LeapCubeReorient(Task):
             spec.delete(spec.sensor(name))
         for geom in spec.body("goal").geoms:  # the goal is only shown: nothing may bump into it
             geom.contype, geom.conaffinity = 0, 0
-        return spec.compile()
+        return spec
 
     def __init__(self, sim, cfg: LeapCubeConfig):
         super().__init__(sim, cfg)

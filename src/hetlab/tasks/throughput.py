@@ -12,6 +12,9 @@ plain loop holds the keyframe's controls, so its states are calm; the task's ran
 reach contact-rich states whose physics costs more (a LEAP hand tumbling its cube, a humanoid
 falling), and that lowers task_efficiency too. `physics_share` separates the two: the share of
 the task loop's own wall time spent inside the backend's step, on the states the task reached.
+
+`--sim all` measures every physics backend installed here on the same task, its rounds
+interleaved with the others' so that they compare side by side, and names the ones it skipped.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import numpy as np
 from rich.progress import Progress
 
 from hetlab.errors import UserError
-from hetlab.sim import sim_backend
-from hetlab.tasks import make_task
+from hetlab.sim import SIMS, sim_backend
+from hetlab.tasks import make_config, make_task
 
 
 @dataclass(frozen=True)
@@ -34,12 +37,15 @@ class SimBenchConfig:
     """Measure physics substeps/s and task env-steps/s for one task."""
 
     task: str = "go1-joystick-flat"  # task to measure (`hetlab tasks` lists them)
-    sim: str = "mujoco"  # physics backend
+    sim: str = "mujoco"  # physics backend, or "all": every backend usable here, side by side
     envs: int = 1024  # envs stepped as one batch
-    seconds: float = 10.0  # total measuring time, split over the rounds and both loops
+    seconds: float = 10.0  # total measuring time per backend, split over the rounds and both loops
     threads: int = 0  # physics threads; 0 = every core
     rounds: int = 3  # alternating physics/task rounds; results are medians over rounds
     json: bool = False  # print one JSON object instead of a table
+
+    def sims(self) -> list[str]:
+        return list(SIMS) if self.sim == "all" else [self.sim]
 
 
 def _rate(step, units_per_call: int, seconds: float) -> float:
@@ -52,60 +58,86 @@ def _rate(step, units_per_call: int, seconds: float) -> float:
     return calls * units_per_call / elapsed
 
 
+class _BackendBench:
+    """One backend's task and bare physics, measured a round at a time."""
+
+    def __init__(self, cfg: SimBenchConfig, sim: str):
+        self.sim = sim
+        self.task = make_task(cfg.task, num_envs=cfg.envs, sim=sim, threads=cfg.threads, seed=0)
+        self.task.reset()
+        task = self.task
+        # Standing still on its keyframe controls.
+        self.plain = sim_backend(sim).bare_physics(task.build_spec(task.cfg), cfg.envs, task.sim.threads, task.keyframe)
+        self.actions = np.random.default_rng(0).uniform(-1, 1, (16, cfg.envs, task.action_size)).astype(np.float32)
+        self.physics_seconds = 0.0
+        backend_step = task.sim.step
+
+        def timed_backend_step(*args, **kwargs):
+            start = time.perf_counter()
+            diverged = backend_step(*args, **kwargs)
+            self.physics_seconds += time.perf_counter() - start
+            return diverged
+
+        task.sim.step = timed_backend_step  # this task object only lives for the benchmark
+        self.physics, self.env, self.share = [], [], []
+        self._physics_step(0), self._task_step(0)  # warm up both before timing
+
+    def _physics_step(self, i: int) -> None:
+        self.plain(self.task.substeps)
+
+    def _task_step(self, i: int) -> None:
+        self.task.step(self.actions[i % len(self.actions)])
+
+    def round(self, seconds: float) -> None:
+        envs = self.task.num_envs
+        self.physics.append(_rate(self._physics_step, envs * self.task.substeps, seconds))
+        self.physics_seconds, start = 0.0, time.perf_counter()
+        self.env.append(_rate(self._task_step, envs, seconds))
+        self.share.append(self.physics_seconds / (time.perf_counter() - start))
+
+    def result(self, cfg: SimBenchConfig) -> dict:
+        substeps = self.task.substeps
+        efficiency = [e * substeps / p for e, p in zip(self.env, self.physics)]
+        return {
+            "task": cfg.task,
+            "sim": self.sim,
+            "envs": cfg.envs,
+            "threads": self.task.sim.threads,
+            "substeps": substeps,
+            "seconds": cfg.seconds,
+            "rounds": cfg.rounds,
+            "physics_steps_per_s": statistics.median(self.physics),
+            "env_steps_per_s": statistics.median(self.env),
+            "task_efficiency": statistics.median(efficiency),
+            "physics_share": statistics.median(self.share),
+            "per_round": {"physics_steps_per_s": self.physics, "env_steps_per_s": self.env,
+                          "task_efficiency": efficiency, "physics_share": self.share},
+            "mujoco": mujoco.__version__,
+        }
+
+
 def run_sim_bench(cfg: SimBenchConfig, progress: Progress | None = None) -> dict:
+    """One backend: its result. `--sim all`: {"results": one per usable backend, "unavailable":
+    backend → why}, the backends' rounds interleaved."""
     if cfg.seconds <= 0 or cfg.rounds < 1:
         raise UserError(f"--seconds must be > 0 and --rounds ≥ 1, got {cfg.seconds} and {cfg.rounds}")
-    task = make_task(cfg.task, num_envs=cfg.envs, sim=cfg.sim, threads=cfg.threads, seed=0)
-    task.reset()
-    threads = task.sim.threads
-    # Standing still on its keyframe controls.
-    plain = sim_backend(cfg.sim).bare_physics(task.build_model(task.cfg), cfg.envs, threads, task.keyframe)
-    actions = np.random.default_rng(0).uniform(-1, 1, (16, cfg.envs, task.action_size)).astype(np.float32)
-    substeps = task.substeps
-
-    def physics_step(i: int) -> None:
-        plain(substeps)
-
-    physics_seconds = 0.0
-    backend_step = task.sim.step
-
-    def timed_backend_step(*args, **kwargs):
-        nonlocal physics_seconds
-        start = time.perf_counter()
-        diverged = backend_step(*args, **kwargs)
-        physics_seconds += time.perf_counter() - start
-        return diverged
-
-    task.sim.step = timed_backend_step  # this task object only lives for the benchmark
-
-    def task_step(i: int) -> None:
-        task.step(actions[i % len(actions)])
-
-    physics_step(0), task_step(0)  # warm up both before timing
+    unavailable = {}
+    for name in cfg.sims():
+        try:
+            make_config(cfg.task, num_envs=cfg.envs, sim=name, threads=cfg.threads)
+        except UserError as e:
+            if cfg.sim != "all":
+                raise
+            unavailable[name] = str(e)
+    benches = [_BackendBench(cfg, name) for name in cfg.sims() if name not in unavailable]
     slot = cfg.seconds / (2 * cfg.rounds)
-    physics, env, share = [], [], []
-    job = progress.add_task(f"{cfg.task} × {cfg.envs} envs", total=cfg.rounds) if progress else None
+    job = progress.add_task(f"{cfg.task} × {cfg.envs} envs", total=cfg.rounds * len(benches)) if progress else None
     for _ in range(cfg.rounds):
-        physics.append(_rate(physics_step, cfg.envs * substeps, slot))
-        physics_seconds, start = 0.0, time.perf_counter()
-        env.append(_rate(task_step, cfg.envs, slot))
-        share.append(physics_seconds / (time.perf_counter() - start))
-        if progress:
-            progress.advance(job)
-    efficiency = [e * substeps / p for e, p in zip(env, physics)]
-    return {
-        "task": cfg.task,
-        "sim": cfg.sim,
-        "envs": cfg.envs,
-        "threads": threads,
-        "substeps": substeps,
-        "seconds": cfg.seconds,
-        "rounds": cfg.rounds,
-        "physics_steps_per_s": statistics.median(physics),
-        "env_steps_per_s": statistics.median(env),
-        "task_efficiency": statistics.median(efficiency),
-        "physics_share": statistics.median(share),
-        "per_round": {"physics_steps_per_s": physics, "env_steps_per_s": env, "task_efficiency": efficiency,
-                      "physics_share": share},
-        "mujoco": mujoco.__version__,
-    }
+        for bench in benches:
+            bench.round(slot)
+            if progress:
+                progress.advance(job)
+    results = [bench.result(cfg) for bench in benches]
+    if cfg.sim != "all":
+        return results[0]
+    return {"task": cfg.task, "envs": cfg.envs, "results": results, "unavailable": unavailable}
