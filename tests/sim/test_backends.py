@@ -24,14 +24,28 @@ def test_a_backend_whose_extra_is_missing_is_refused_with_the_install_line(refus
     assert line == "error: --sim motrix: motrixsim-not-installed is not installed: pip install 'hetlab[motrix]'"
 
 
+def test_warp_where_it_cannot_run_is_refused_saying_why(refusal):
+    """Without its extra: the install line; with it but no CUDA device: the GPU it needs."""
+    reason = SIMS["warp"].unavailable()
+    if reason is None:
+        pytest.skip("MuJoCo Warp can run here: a CUDA device is present")
+    line = refusal("train", "--sim", "warp", "--task", "cartpole-balance", "--max-seconds", "5")
+    assert line == f"error: --sim warp: {reason}"
+    assert reason in ("mujoco-warp is not installed: pip install 'hetlab[warp]'",
+                      "it needs an NVIDIA GPU with CUDA and Warp finds none here; use --sim mujoco or --sim motrix")
+
+
 def test_bench_sim_all_measures_every_backend_and_names_what_it_skipped():
     result = run_sim_bench(SimBenchConfig(task="cartpole-balance", sim="all", envs=16, seconds=0.6, rounds=2))
-    assert [r["sim"] for r in result["results"]] == list(SIMS)
-    assert result["unavailable"] == {}
+    usable = [name for name, sim in SIMS.items() if sim.unavailable() is None]
+    assert [r["sim"] for r in result["results"]] == usable
+    assert result["unavailable"] == {name: f"--sim {name}: {SIMS[name].unavailable()}"
+                                     for name in SIMS if name not in usable}
     for r in result["results"]:
         assert r["physics_steps_per_s"] > 0 and r["env_steps_per_s"] > 0 and len(r["per_round"]["physics_share"]) == 2
     skipped = run_sim_bench(SimBenchConfig(task="g1-walk-flat", sim="all", envs=4, seconds=0.2, rounds=1))
     assert [r["sim"] for r in skipped["results"]] == ["mujoco"]
+    assert set(skipped["unavailable"]) == set(SIMS) - {"mujoco"}
     assert "left_foot_force" in skipped["unavailable"]["motrix"]
 
 

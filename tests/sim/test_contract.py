@@ -131,7 +131,7 @@ def test_sensor_and_body_pose_shapes(make_sim, toy_scene, go1_scene):
     assert pos.shape == (2, 3) and quat.shape == (2, 4)
 
 
-def test_sensor_and_body_pose_update_after_step(make_sim, toy_scene):
+def test_sensor_and_body_pose_update_after_step(make_sim, toy_scene, derived_atol):
     """Derived values describe the state before the last substep, as mj_step leaves them;
     after `forward` they describe the current state."""
     sim = make_sim(toy_scene, num_envs=3)
@@ -151,15 +151,15 @@ def test_sensor_and_body_pose_update_after_step(make_sim, toy_scene):
         sim.step(ctrl, substeps)
         np.testing.assert_array_equal(sim.qpos, ref.qpos)
         # the views taken before stepping now hold every env's pre-last-substep state
-        np.testing.assert_allclose(hinge[:, 0], before[:, hinge_q], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(cart_pos[:, 0], TOY_CART_X0 + before[:, slide_q], atol=1e-12)
+        np.testing.assert_allclose(hinge[:, 0], before[:, hinge_q], rtol=0, atol=derived_atol)
+        np.testing.assert_allclose(cart_pos[:, 0], TOY_CART_X0 + before[:, slide_q], atol=derived_atol)
         half = 0.5 * before[:, hinge_q]
         expected = np.stack([np.cos(half), 0 * half, np.sin(half), 0 * half], axis=1)
-        np.testing.assert_allclose(pole_quat, expected, atol=1e-12)
+        np.testing.assert_allclose(pole_quat, expected, atol=derived_atol)
         assert not np.allclose(before[:, hinge_q], sim.qpos[:, hinge_q])
     sim.forward(np.arange(3))
-    np.testing.assert_allclose(hinge[:, 0], sim.qpos[:, hinge_q], atol=1e-12)
-    np.testing.assert_allclose(cart_pos[:, 0], TOY_CART_X0 + sim.qpos[:, slide_q], atol=1e-12)
+    np.testing.assert_allclose(hinge[:, 0], sim.qpos[:, hinge_q], atol=derived_atol)
+    np.testing.assert_allclose(cart_pos[:, 0], TOY_CART_X0 + sim.qpos[:, slide_q], atol=derived_atol)
 
 
 def test_views_hold_the_initial_state_right_after_construction(make_sim, toy_scene):

@@ -93,9 +93,9 @@ def _noisy_reset_trajectory(backend_name: str, threads: int, xml: str) -> tuple[
     return np.stack(qpos), np.stack(qvel)
 
 
-def test_raw_sim_threads_and_noisy_resets(request, backend, toy_scene):
+@pytest.mark.parametrize("name", [name for name, sim in SIMS.items() if sim.missing() is None and sim.steps_on_cpu])
+def test_raw_sim_threads_and_noisy_resets(name, toy_scene):
     """The bare sim: 1 vs 2 threads (oversubscribing is fine here), with noisy subset resets."""
-    name = request.node.callspec.params["backend"]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         (q1, v1), (q2, v2) = pool.map(_noisy_reset_trajectory, [name, name], [1, 2], [toy_scene.spec.to_xml()] * 2)
     assert np.isfinite(q1).all() and not np.array_equal(q1[0], q1[-1])

@@ -95,8 +95,20 @@ class Timeline:
                 })
         write_text_atomic(path, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
+    def seconds_per_iteration(self) -> dict[str, float]:
+        """Each role's recorded seconds per iteration, its stages summed (run mean)."""
+        iterations = max(1, self._earlier_iterations + len(self.iterations))
+        return {role: sum(stages.values()) / iterations for role, stages in sorted(self.totals.items())}
+
+    def wall_seconds_per_iteration(self) -> float:
+        """Wall time per iteration of this launch, from its start to now."""
+        return (time.perf_counter() - self.start) / max(1, len(self.iterations))
+
     def plot(self, path: Path, title: str) -> None:
-        """Stacked bars: for each role, the seconds per iteration in each stage (run mean)."""
+        """Stacked bars: for each role, the seconds per iteration in each stage (run mean), each
+        bar labelled with its total (a stage too short to see still reads as a number), against
+        the wall time per iteration: what a bar lacks of it went unrecorded (the learner's logging,
+        checkpoints and weight publishing; a collector's start-up)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -112,6 +124,12 @@ class Timeline:
             hatch = "//" if stage in WAIT_STAGES else None
             ax.barh(roles, widths, left=left, label=stage, hatch=hatch)
             left = [a + b for a, b in zip(left, widths)]
+        wall = self.wall_seconds_per_iteration()
+        ax.axvline(wall, color="black", linestyle="--", linewidth=1, label="wall time per iteration")
+        for row, seconds in enumerate(self.seconds_per_iteration().values()):
+            ax.annotate(_milliseconds(seconds), (seconds, row), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize="small")
+        ax.set_xlim(0, max(max(left, default=0.0), wall) * 1.15)
         ax.set_xlabel("seconds per iteration (mean over the run)")
         ax.set_title(title)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize="small")
@@ -119,3 +137,7 @@ class Timeline:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=120)
         plt.close(fig)
+
+
+def _milliseconds(seconds: float) -> str:
+    return f"{seconds * 1e3:.2g} ms" if seconds < 0.01 else f"{seconds * 1e3:.0f} ms"

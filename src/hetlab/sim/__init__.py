@@ -26,6 +26,9 @@ class SimBackend:
     needs: str | None  # the distribution it steps with, from the extra of the same name; None: built in
     rounding: float  # relative rounding of the state it stores: 0 for float64, 2⁻²³ for float32
     about: str
+    # A function of the module that raises UserError where the machine cannot run it (no GPU, say).
+    requirement: str | None = None
+    steps_on_cpu: bool = True  # CPU threads step it (`--threads` applies)
 
     def _entry(self, name: str):
         return getattr(importlib.import_module(f"hetlab.sim.{self.module}"), name)
@@ -39,8 +42,8 @@ class SimBackend:
         nothing else, the baseline `hetlab bench sim` measures a task against."""
         return self._entry("bare_physics")(spec, num_envs, threads, keyframe)
 
-    def unavailable(self) -> str | None:
-        """Why this backend cannot run here (one line), or None."""
+    def missing(self) -> str | None:
+        """The install line for what this backend needs, where that is not installed; else None."""
         if self.needs is None:
             return None
         try:
@@ -49,10 +52,23 @@ class SimBackend:
             return f"{self.needs} is not installed: pip install 'hetlab[{self.name}]'"
         return None
 
+    def unavailable(self) -> str | None:
+        """Why this backend cannot run here (one line), or None."""
+        if (missing := self.missing()) is not None:
+            return missing
+        if self.requirement is not None:
+            try:
+                self._entry(self.requirement)()
+            except UserError as e:
+                return str(e)
+        return None
+
 
 SIMS = {backend.name: backend for backend in (
     SimBackend("mujoco", "mujoco_batch", "MujocoBatchSim", None, 0.0, "MuJoCo 4's mujoco.batch on CPU threads"),
     SimBackend("motrix", "motrix", "MotrixBatchSim", "motrixsim", 2.0**-23, "MotrixSim on CPU threads (float32)"),
+    SimBackend("warp", "mujoco_warp", "WarpBatchSim", "mujoco-warp", 2.0**-23,
+               "MuJoCo Warp on an NVIDIA GPU (float32)", requirement="cuda_device", steps_on_cpu=False),
 )}
 
 

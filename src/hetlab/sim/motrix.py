@@ -11,7 +11,8 @@ tasks see one layout whichever engine steps them.
 
 MotrixSim ignores some MJCF options (`cone`, `impratio`, `ls_iterations`, `eulerdamp`) and has
 its own solver, so its trajectories agree with MuJoCo's only to within the differences between
-two engines (docs/benchmarks.md measures them on Go1).
+two engines (tests/sim/test_backends.py bounds them on Go1 standing). Force sensors it does not
+compute: a task that reads one is refused, naming it.
 """
 
 from __future__ import annotations
@@ -233,6 +234,9 @@ class MotrixBatchSim:
         self._refresh(ids)
 
     def get_state(self) -> dict:
+        """The state in MuJoCo's layout. MotrixSim keeps its solver's warm start to itself, so a sim
+        restored from this continues from the same state but not bit for bit as the original did
+        (Go1 under random controls: 0.07 apart after 20 control steps)."""
         return {"qpos": self.qpos.copy(), "qvel": self.qvel.copy(), "ctrl": self.ctrl.copy(),
                 "mocap_pos": self._mocap_pos.copy(), "mocap_quat": self._mocap_quat.copy(),
                 "divergences": self.divergences, "rng": self._rng.bit_generator.state}
