@@ -59,11 +59,13 @@ check off_policy 120 $PY benchmarks/off_policy_throughput.py --algos fastsac fla
   --runs 1 --seconds 25
 check phase_b 150 bash -c "
   set -e
-  $HETLAB aloha record --out $OUT/aloha --episodes 2 --height 120 --width 160 --render-quality fast
+  $HETLAB aloha record --out $OUT/aloha --episodes 2 --height 64 --width 96 --steps 60 --no-successful-only --render-quality fast
   $HETLAB aloha train --dataset $OUT/aloha --preset tiny --steps 20 --train-episodes 0-1 --runs-dir $OUT/runs
   phase_a=\$(ls -d $OUT/runs/aloha-ar-actor/*/ | head -1)
-  $HETLAB aloha train --phase B --from \$phase_a --condition learner --steps 300 --out $OUT/phase_b_learner
-  $HETLAB aloha train --phase B --from \$phase_a --condition L4 --offload-device cuda --steps 300 --out $OUT/phase_b_L4"
+  episodes='--train-episodes 0-1 --calibration-episodes 0-1'
+  $HETLAB aloha train --phase B --from \$phase_a --condition learner --steps 300 \$episodes --out $OUT/phase_b_learner
+  $HETLAB aloha train --phase B --from \$phase_a --condition L4 --offload-device cuda --steps 300 \$episodes \
+    --out $OUT/phase_b_L4"
 
 STATUS_JSON=$(for name in "${!STATUS[@]}"; do printf '%s\t%s\n' "$name" "${STATUS[$name]}"; done)
 STATUS_JSON="$STATUS_JSON" $PY - "$OUT" <<'EOF'

@@ -20,8 +20,12 @@ from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, chec
 from hetlab.offload.quantise import QuantiseConfig
 
 # The tiny run (5 steps) measured cosines 0.99985, 0.99981, 0.99976, 0.99976 at k = 1..4 on the
-# held-out episode; 0.998 leaves ten times that error as margin, and a broken INT8 prefix lands far below.
+# held-out episode on a VNNI CPU; 0.998 leaves ten times that error as margin, and a broken INT8
+# prefix lands far below. Where the kernels saturate (AVX2 without VNNI), the overflow fix keeps
+# 7-bit weights, and this run (trained on that CPU too) measured 0.99818, 0.99793, 0.99804, 0.99836
+# on a 2-core AMD EPYC with AVX2 only: 0.996 leaves that error again as margin.
 INT8_COSINE = 0.998
+INT8_COSINE_WITH_OVERFLOW_FIX = 0.996
 
 
 def test_frames_are_evenly_spaced_over_the_episodes(tiny_aloha_dataset):
@@ -49,12 +53,13 @@ def test_int8_fidelity_of_a_phase_a_run(tiny_aloha_dataset, tmp_path, monkeypatc
     run = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1",
                                      runs_dir=tmp_path, steps=5, loader_workers=0))
     result = phase_a_fidelity(run, (1, 2, 3, 4), calibration_episodes=range(0, 1), heldout_episodes=range(1, 2))
+    kernels = int8_kernels("onnxruntime", "CPUExecutionProvider")
     assert sorted(result.cosines) == [1, 2, 3, 4]
-    assert min(result.cosines.values()) >= INT8_COSINE, result.cosines
+    floor = INT8_COSINE_WITH_OVERFLOW_FIX if kernels.saturating else INT8_COSINE
+    assert min(result.cosines.values()) >= floor, result.cosines
     assert result.below_goal is None
     assert len(list((run / "offload").glob("prefix-k*-int8-percentile-99.999-Conv_MatMul-*.onnx"))) == 4
     # The overflow fix as decided for this CPU's kernels, named with them.
-    kernels = int8_kernels("onnxruntime", "CPUExecutionProvider")
     fix = "on" if kernels.saturating else "off"
     assert result.quantise == dataclasses.asdict(QuantiseConfig(overflow_fix=fix))
     assert result.int8_kernels == kernels.describe()
