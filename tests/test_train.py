@@ -47,13 +47,16 @@ def segments_of(pid: int) -> list[str]:
 def test_solves_cartpole(tmp_path, algo, mode, iterations):
     run_dir, _ = train(
         tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "64",
-        "--horizon", "32", "--max-iterations", str(iterations), "--checkpoint-every", "1000",
+        "--horizon", "32", "--max-iterations", str(iterations), "--checkpoint-every", "1000", "--target-return", "350",
     )
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["iterations"] == iterations and summary["mode"] == mode
     # An episode lasts at most 500 steps of reward ≈ 1; a random policy keeps the pole up ~25.
+    # The run stops once the mean return reaches 350, within the iterations.
+    assert summary["stopped_by"] == "target_return" and summary["iterations"] <= iterations, summary
+    assert summary["mode"] == mode
     assert summary["mean_reward_first"] < 50
     assert summary["mean_reward_last"] >= 350, summary
+    assert (run_dir / "checkpoints").is_dir()  # the stop wrote its checkpoint
     if mode == "sync":
         assert summary["policy_lag_mean"] == 0.0
     else:

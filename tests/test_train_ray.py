@@ -100,11 +100,14 @@ def kill_a_collector_after(learner: subprocess.Popen, iterations: int) -> tuple[
 
 # The local learning tests' runs and thresholds (PPO: tests/test_readme.py's quick start; SAC:
 # tests/test_train_off_policy_learning.py's case, its 32 envs over two collectors), with one of the
-# two collectors killed three iterations in: learning goes on through its replacement.
+# two collectors killed three iterations in: learning goes on through its replacement, and the run
+# stops once the mean return reaches the threshold (--target-return).
+TARGETS = {"ppo": 350, "sac": 150}
 LEARNING_RUNS = {
     "ppo": ["--algo", "ppo", "--envs", "128", "--collectors", "2", "--horizon", "32", "--max-iterations", "70",
-            "--ppo.actor-hidden", "64", "64", "--ppo.critic-hidden", "64", "64"],
-    "sac": [*SAC, "--ray.collectors", "2", "--ray.envs-per-collector", "16", "--horizon", "50", "--max-iterations", "50"],
+            "--ppo.actor-hidden", "64", "64", "--ppo.critic-hidden", "64", "64", "--target-return", "350"],
+    "sac": [*SAC, "--ray.collectors", "2", "--ray.envs-per-collector", "16", "--horizon", "50", "--max-iterations", "50",
+            "--target-return", "150"],
 }
 
 
@@ -119,21 +122,20 @@ def test_learns_cartpole_on_two_nodes_while_a_killed_collector_is_replaced(tmp_p
     assert "was lost: exit type" in stderr and "replacing it (1 of at most 3)" in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     history = json.loads((run_dir / "history.json").read_text())
-    assert summary["stopped_by"] == "max_iterations"
+    returns = [row["mean_reward"] for row in history]
+    assert summary["stopped_by"] == "target_return", [round(r) for r in returns]
+    assert returns[0] < 60 and returns[-1] >= TARGETS[algo]
     last = history[-1]
     assert last["ray/collectors_lost"] == 1 and last["ray/collectors_replaced"] == 1
     assert last["ray/lost_env_steps_at_most"] > 0 and last["ray/last_recovery_s"] > 0
     both_paths_taken(stderr, run_dir)
     assert segments_of(learner.pid) == []
     if algo == "ppo":
-        assert summary["iterations"] == 70 and summary["policy_lag_mean"] == 0.0
-        assert summary["mean_reward_first"] < 50 and summary["mean_reward_last"] >= 350, summary
+        assert summary["iterations"] <= 70 and summary["policy_lag_mean"] == 0.0
     else:
         config = json.loads((run_dir / "config.json").read_text())
         assert config["collectors"] == 2 and config["envs"] == 32
-        returns = [row["mean_reward"] for row in history]
-        assert returns[0] < 60 and max(returns) >= 150, [round(r) for r in returns]
-        assert last["updates"] == 50 * 100
+        assert summary["iterations"] <= 50 and last["updates"] == summary["iterations"] * 100
 
 
 def test_with_no_restarts_a_lost_collector_stops_the_run_with_a_checkpoint(tmp_path, cluster):

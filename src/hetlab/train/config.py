@@ -80,6 +80,8 @@ class TrainConfig:
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
     max_iterations: int = 1000  # iterations to train; a resumed run counts its earlier ones
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
+    # stop once the mean return of the last 100 episodes reaches this; None = never
+    target_return: float | None = None
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
     # These three, left unset, take RUN_DEFAULTS in a new run and the run's own values in a resumed one.

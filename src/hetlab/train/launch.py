@@ -29,7 +29,7 @@ from hetlab.train.on_policy import train_on_policy
 
 # What a resumed run takes from the command line: its budgets and where it runs. Everything
 # else is the run's own; a command line that asks for another value is refused.
-RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "device", "threads", "checkpoint_every", "keep_checkpoints",
+RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "device", "threads", "checkpoint_every", "keep_checkpoints",
                      "eval_every", "eval_envs", "resume", "ray", "ray_pool.max_restarts")
 # Of those, the ones a resume leaves unset (None) keep the run's values: a run that keeps every
 # checkpoint, or evaluates, goes on doing so.

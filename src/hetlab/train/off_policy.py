@@ -33,7 +33,7 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
 
 
 def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -160,6 +160,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 vector_steps = stager.vector_steps
                 wall = time.perf_counter() - start
                 terms = [meta["reward_terms"] for meta in metas]
+                returns = episodes.row()
                 record.log({
                     "iteration": iteration,
                     "updates": updates,
@@ -167,7 +168,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     "wall_seconds": wall,
                     "env_steps_per_s": (vector_steps - first_steps) * layout.envs / wall,
                     "updates_per_s": (updates - first_updates) / wall,  # this launch
-                    **episodes.row(),
+                    **returns,
                     "policy_lag": mean(lags),
                     "learner_utilisation": timeline.fraction("learner", ("update",)),
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
@@ -184,6 +185,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 if improved:  # the policy just evaluated is the one the checkpoint holds
                     best_return = evaluated["eval/return"]
                     mark_best(run_dir, iteration, evaluated)
+                if reached(cfg.target_return, returns):
+                    stopped_by = "target_return"
+                    break
             if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
                 _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
         finally:

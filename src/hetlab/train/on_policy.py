@@ -27,7 +27,7 @@ from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
 
 
 def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -102,12 +102,13 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 timeline.add(iteration, "learner", learner.take())
                 steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
                 wall = time.perf_counter() - start
+                returns = episodes.row()
                 record.log({
                     "iteration": iteration,
                     "env_steps": steps,
                     "wall_seconds": wall,
                     "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,
-                    **episodes.row(),
+                    **returns,
                     "policy_lag": lag,
                     "learner_utilisation": timeline.fraction("learner", ("update",)),
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
@@ -123,6 +124,9 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 if improved:  # the policy just evaluated is the one the checkpoint holds
                     best_return = evaluated["eval/return"]
                     mark_best(run_dir, iteration, evaluated)
+                if reached(cfg.target_return, returns):
+                    stopped_by = "target_return"
+                    break
         finally:
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:

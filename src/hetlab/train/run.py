@@ -51,6 +51,12 @@ class EpisodeWindow:
                 **{f"episode/{name}": mean(values) for name, values in self.metrics.items()}}
 
 
+def reached(target_return: float | None, episode_columns: dict[str, float]) -> bool:
+    """Whether the mean return of the last 100 episodes reached `--target-return` (never before
+    an episode has ended)."""
+    return target_return is not None and episode_columns["mean_reward"] >= target_return
+
+
 @contextmanager
 def interrupt_guard():
     """An Event that Ctrl-C sets instead of raising KeyboardInterrupt, for the block's duration."""
