@@ -30,11 +30,11 @@ import numpy as np
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
 from hetlab.extras import require
+from hetlab.sim.model_state import HostState, named
 
 # Velocities past this are a blown-up simulation (MuJoCo's backend checks accelerations instead;
 # MotrixSim does not expose them).
 MAX_ABS_QVEL = 1e4
-_NOISY_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
 _QUAT_SENSORS = (int(mujoco.mjtSensor.mjSENS_FRAMEQUAT), int(mujoco.mjtSensor.mjSENS_BALLQUAT))
 # MuJoCo's wxyz → MotrixSim's xyzw, as indices into a MuJoCo quaternion.
 _XYZW = np.array([1, 2, 3, 0])
@@ -119,7 +119,7 @@ class _Layout:
         self.pos, self.vel = pos, vel
 
 
-class MotrixBatchSim:
+class MotrixBatchSim(HostState):
     """`num_envs` copies of the model `spec` describes, stepped by MotrixSim on `threads` threads
     (0 = every core; see `start_thread_pool`)."""
 
@@ -135,33 +135,16 @@ class MotrixBatchSim:
             raise UserError(f"the number of envs must be at least 1, got {num_envs}")
         self._pool = start_thread_pool(threads)
         mx = motrixsim()
-        self.model = spec.compile()
+        model = spec.compile()
+        super().__init__(model, num_envs, keyframe, seed)
         self._mx = load_mjcf(spec)
-        model = self.model
-        self.num_envs = num_envs
         self.timestep = float(model.opt.timestep)
-        self.divergences = 0
-        self._rng = np.random.default_rng(seed)
         self._layout = _Layout(model, self._mx)
         if [a or "" for a in self._mx.actuator_names] != self.actuator_names():
             raise UserError("MotrixSim orders the model's actuators differently from MuJoCo")
         self._data = mx.SceneData(self._mx, batch=[num_envs])
-        key = None if keyframe is None else model.key(keyframe).id
         mocap_bodies = sorted(np.flatnonzero(model.body_mocapid >= 0), key=lambda b: model.body_mocapid[b])
-        self._key_qpos = model.qpos0.copy() if key is None else model.key_qpos[key].copy()
-        self._key_qvel = np.zeros(model.nv) if key is None else model.key_qvel[key].copy()
-        self._key_ctrl = np.zeros(model.nu) if key is None else model.key_ctrl[key].copy()
-        self._key_mpos = model.body_pos[mocap_bodies] if key is None else model.key_mpos[key].reshape(-1, 3)
-        self._key_mquat = model.body_quat[mocap_bodies] if key is None else model.key_mquat[key].reshape(-1, 4)
-        self.qpos = np.tile(self._key_qpos, (num_envs, 1))
-        self.qvel = np.tile(self._key_qvel, (num_envs, 1))
-        self.ctrl = np.tile(self._key_ctrl, (num_envs, 1))
-        self._mocap_pos = np.tile(self._key_mpos, (num_envs, 1, 1))
-        self._mocap_quat = np.tile(self._key_mquat, (num_envs, 1, 1))
         self._mocaps = [self._mx.get_body(model.body(b).name).mocap for b in mocap_bodies]
-        noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
-        self._noisy_qpos = model.jnt_qposadr[noisy]
-        self._noisy_qvel = model.jnt_dofadr[noisy]
         # Derived outputs the caller has asked for: name → (array, refresh(rows)).
         self._derived: dict[str, tuple[np.ndarray, Callable[[np.ndarray | slice], None]]] = {}
         self._fields: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per-env model fields: (values, nominal)
@@ -178,7 +161,7 @@ class MotrixBatchSim:
         data.set_dof_vel(_float32(self.qvel[rows][:, self._layout.vel]))
         data.actuator_ctrls = _float32(self.ctrl[rows])
         for m, mocap in enumerate(self._mocaps):
-            mocap.set_pose(data, _float32(np.concatenate([self._mocap_pos[rows, m], self._mocap_quat[rows, m][:, _XYZW]],
+            mocap.set_pose(data, _float32(np.concatenate([self.mocap_pos[rows, m], self.mocap_quat[rows, m][:, _XYZW]],
                                                          axis=1)))
 
     def _pull(self) -> None:
@@ -193,8 +176,7 @@ class MotrixBatchSim:
         if ctrl is not None:
             self.ctrl[:] = ctrl
         # MotrixSim refuses a non-finite state outright, so those envs restart before the step.
-        written_bad = ~(np.isfinite(self.qpos).all(axis=1) & np.isfinite(self.qvel).all(axis=1)
-                        & np.isfinite(self.ctrl).all(axis=1))
+        written_bad = self.written_non_finite()
         self.reset(np.flatnonzero(written_bad))
         self._push(self._data, slice(None))
         self._mx.step_n(self._data, substeps)
@@ -207,17 +189,6 @@ class MotrixBatchSim:
             self.reset(ids)
             self.forward(ids)
         return diverged
-
-    def reset(self, env_ids: np.ndarray, noise: float = 0.0) -> None:
-        ids = np.unique(np.asarray(env_ids, dtype=np.int64))
-        if ids.size == 0:
-            return
-        self.qpos[ids], self.qvel[ids], self.ctrl[ids] = self._key_qpos, self._key_qvel, self._key_ctrl
-        self._mocap_pos[ids], self._mocap_quat[ids] = self._key_mpos, self._key_mquat
-        if noise > 0.0:
-            rows = ids[:, None]
-            self.qpos[rows, self._noisy_qpos] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qpos)))
-            self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
 
     def forward(self, env_ids: np.ndarray) -> None:
         ids = np.unique(np.asarray(env_ids, dtype=np.int64))
@@ -237,24 +208,16 @@ class MotrixBatchSim:
         """The state in MuJoCo's layout. MotrixSim keeps its solver's warm start to itself, so a sim
         restored from this continues from the same state but not bit for bit as the original did
         (Go1 under random controls: 0.07 apart after 20 control steps)."""
-        return {"qpos": self.qpos.copy(), "qvel": self.qvel.copy(), "ctrl": self.ctrl.copy(),
-                "mocap_pos": self._mocap_pos.copy(), "mocap_quat": self._mocap_quat.copy(),
-                "divergences": self.divergences, "rng": self._rng.bit_generator.state}
+        return self.host_state()
 
     def set_state(self, state: dict) -> None:
-        if np.shape(state["qpos"]) != self.qpos.shape:
-            raise UserError(f"sim state of shape {np.shape(state['qpos'])} does not fit this sim's {self.qpos.shape}")
-        for name in ("qpos", "qvel", "ctrl"):
-            getattr(self, name)[...] = state[name]
-        self._mocap_pos[...], self._mocap_quat[...] = state["mocap_pos"], state["mocap_quat"]
-        self.divergences = int(state["divergences"])
-        self._rng.bit_generator.state = state["rng"]
+        self.load_host_state(state)
         self.forward(np.arange(self.num_envs))
 
     # -- derived outputs ------------------------------------------------------------------------
 
     def sensor(self, name: str) -> np.ndarray:
-        sensor = _named(self.model.sensor, "sensor", name)
+        sensor = named(self.model.sensor, "sensor", name)
         if name not in self._derived:
             quaternion = int(sensor.type[0]) in _QUAT_SENSORS
             values = np.empty((self.num_envs, int(sensor.dim[0])))
@@ -275,7 +238,7 @@ class MotrixBatchSim:
         return self._derived[name][0]
 
     def body_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        _named(self.model.body, "body", name)
+        named(self.model.body, "body", name)
         key = f"body:{name}"
         if key not in self._derived:
             link = self._mx.get_link_index(name)
@@ -293,25 +256,6 @@ class MotrixBatchSim:
         pose = self._derived[key][0]
         return pose[:, :3], pose[:, 3:]
 
-    def joint_index(self, name: str) -> tuple[int, int]:
-        joint = _named(self.model.joint, "joint", name).id
-        return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
-
-    def joint_range(self, name: str) -> tuple[float, float]:
-        joint = _named(self.model.joint, "joint", name).id
-        low, high = self.model.jnt_range[joint] if self.model.jnt_limited[joint] else (-np.inf, np.inf)
-        return float(low), float(high)
-
-    def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        body = _named(self.model.body, "body", name).id
-        mocap = int(self.model.body_mocapid[body])
-        if mocap < 0:
-            raise UserError(f"body {name!r} is not a mocap body (mocap=\"true\" in the MJCF)")
-        return self._mocap_pos[:, mocap], self._mocap_quat[:, mocap]
-
-    def actuator_names(self) -> list[str]:
-        return [self.model.actuator(i).name for i in range(self.model.nu)]
-
     # -- DomainRandomisable: the fields MotrixSim can override per env ------------------------
 
     def model_field(self, name: str) -> np.ndarray:
@@ -322,12 +266,6 @@ class MotrixBatchSim:
             nominal = getattr(self.model, name).copy()
             self._fields[name] = (np.tile(nominal, (self.num_envs,) + (1,) * nominal.ndim), nominal)
         return self._fields[name][0]
-
-    def object_id(self, kind: str, name: str) -> int:
-        lookup = getattr(self.model, kind, None)
-        if lookup is None:
-            raise UserError(f"{kind!r} is not a kind of MuJoCo model object")
-        return _named(lookup, kind, name).id
 
     def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
         ids = np.arange(self.num_envs) if env_ids is None else np.unique(np.asarray(env_ids, dtype=np.int64))
@@ -352,16 +290,6 @@ class MotrixBatchSim:
         if found is None:
             raise UserError(f"only named geoms can vary per env on MotrixSim; geom {geom} has no name")
         return found
-
-    # Renderable
-    def render_state(self, env_id: int, model: mujoco.MjModel | None = None,
-                     data: mujoco.MjData | None = None) -> tuple[mujoco.MjModel, mujoco.MjData]:
-        model = self.model if model is None else model
-        data = mujoco.MjData(model) if data is None else data
-        data.qpos[:], data.qvel[:], data.ctrl[:] = self.qpos[env_id], self.qvel[env_id], self.ctrl[env_id]
-        data.mocap_pos[:], data.mocap_quat[:] = self._mocap_pos[env_id], self._mocap_quat[env_id]
-        mujoco.mj_forward(model, data)
-        return model, data
 
 
 def _inertia_tensor(sim: MotrixBatchSim, body: int, moments: np.ndarray) -> np.ndarray:
@@ -417,13 +345,6 @@ def _stderr_silenced():
 def _float32(values: np.ndarray) -> np.ndarray:
     # MotrixSim reads an array's buffer as C-ordered float32 whatever its strides say.
     return np.ascontiguousarray(values, dtype=np.float32)
-
-
-def _named(lookup, kind: str, name: str):
-    try:
-        return lookup(name)
-    except KeyError:
-        raise UserError(f"the model has no {kind} named {name!r}") from None
 
 
 def bare_physics(spec: mujoco.MjSpec, num_envs: int, threads: int, keyframe: str | None) -> Callable[[int], None]:

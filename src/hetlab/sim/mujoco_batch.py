@@ -14,6 +14,7 @@ import mujoco.batch
 import numpy as np
 
 from hetlab.errors import UserError
+from hetlab.sim.model_state import ModelLookups, MujocoOutputs, ResetNoise
 
 # MuJoCo's instability warnings: mj_step has already reset an env that raised one.
 _UNSTABLE_WARNINGS = [
@@ -21,10 +22,9 @@ _UNSTABLE_WARNINGS = [
     int(mujoco.mjtWarning.mjWARN_BADQVEL),
     int(mujoco.mjtWarning.mjWARN_BADQACC),
 ]
-_NOISY_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
 
 
-class MujocoBatchSim:
+class MujocoBatchSim(ModelLookups, MujocoOutputs):
     """`num_envs` copies of the model `spec` compiles to, on `threads` CPU threads (0 = all cores)."""
 
     def __init__(
@@ -45,6 +45,7 @@ class MujocoBatchSim:
         self.max_abs_qacc = max_abs_qacc
         self.batch = mujoco.batch.Batch(model, num_envs, nthread=threads)
         self._rng = np.random.default_rng(seed)
+        self._noise = ResetNoise(model, self._rng)
         self._keyframe = -1 if keyframe is None else model.key(keyframe).id
         self.qpos = self.batch.bind("qpos")
         self.qvel = self.batch.bind("qvel")
@@ -52,9 +53,6 @@ class MujocoBatchSim:
         self._qacc = self.batch.bind("qacc")
         self._bound_derived: set[str] = set()
         self._unstable = self.batch.warning[:, _UNSTABLE_WARNINGS, 1]  # a copy: refreshed in step
-        noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
-        self._noisy_qpos = model.jnt_qposadr[noisy]
-        self._noisy_qvel = model.jnt_dofadr[noisy]
         # Each env is its row of integration state (positions, velocities, controls, warm
         # start, ...): a reset writes the keyframe's row, which costs no MuJoCo call.
         self.batch.reset(keyframe=self._keyframe, stage=mujoco.mjtStage.mjSTAGE_NONE)
@@ -97,10 +95,7 @@ class MujocoBatchSim:
         # No forward pass here: callers perturb the state further, then call forward once.
         self.batch.state[ids] = self._initial_state
         self.batch.warning[ids] = 0
-        if noise > 0.0:
-            rows = ids[:, None]
-            self.qpos[rows, self._noisy_qpos] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qpos)))
-            self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
+        self._noise.add(self.qpos, self.qvel, ids, noise)
 
     def forward(self, env_ids: np.ndarray) -> None:
         self.batch.forward(_sorted_ids(env_ids), stage=self._forward_stage)
@@ -118,15 +113,6 @@ class MujocoBatchSim:
         self._rng.bit_generator.state = state["rng"]
         self.forward(np.arange(self.num_envs))
 
-    def sensor(self, name: str) -> np.ndarray:
-        sensor = self._named(self.model.sensor, "sensor", name)
-        adr, dim = int(sensor.adr[0]), int(sensor.dim[0])
-        return self._derived("sensordata")[:, adr : adr + dim]
-
-    def body_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        body = self._named(self.model.body, "body", name).id
-        return self._derived("xpos")[:, body], self._derived("xquat")[:, body]
-
     def _derived(self, field: str) -> np.ndarray:
         """A derived field's live array. The batch copies out only the fields bound before a
         call, and each one costs a copy per call, so they are bound on first use, and filled
@@ -138,37 +124,16 @@ class MujocoBatchSim:
             self.batch.forward(stage=self._forward_stage)
         return array
 
-    def joint_index(self, name: str) -> tuple[int, int]:
-        joint = self._named(self.model.joint, "joint", name).id
-        return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
-
-    def joint_range(self, name: str) -> tuple[float, float]:
-        joint = self._named(self.model.joint, "joint", name).id
-        low, high = self.model.jnt_range[joint] if self.model.jnt_limited[joint] else (-np.inf, np.inf)
-        return float(low), float(high)
-
     def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        body = self._named(self.model.body, "body", name).id
-        mocap = int(self.model.body_mocapid[body])
-        if mocap < 0:
-            raise UserError(f"body {name!r} is not a mocap body (mocap=\"true\" in the MJCF)")
+        mocap = self.mocap_id(name)
         # Mocap poses are part of each env's state row, so these are views like qpos.
         return self.batch.bind("mocap_pos")[:, mocap], self.batch.bind("mocap_quat")[:, mocap]
-
-    def actuator_names(self) -> list[str]:
-        return [self.model.actuator(i).name for i in range(self.model.nu)]
 
     # DomainRandomisable
     def model_field(self, name: str) -> np.ndarray:
         if name not in mujoco.batch.MODEL_FIELDS:
             raise UserError(f"{name!r} is not a MuJoCo model field that can vary per env")
         return self.batch.expand(name)
-
-    def object_id(self, kind: str, name: str) -> int:
-        lookup = getattr(self.model, kind, None)
-        if lookup is None:
-            raise UserError(f"{kind!r} is not a kind of MuJoCo model object")
-        return self._named(lookup, kind, name).id
 
     def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
         if any(self.batch.expanded(f) is not None for f in mujoco.MjModel._setconst_inputs):
@@ -181,12 +146,6 @@ class MujocoBatchSim:
         model, data = self.batch.get_model(env_id, model), self.batch.get_data(env_id, data)
         mujoco.mj_forward(model, data)
         return model, data
-
-    def _named(self, lookup, kind: str, name: str):
-        try:
-            return lookup(name)
-        except KeyError:
-            raise UserError(f"the model has no {kind} named {name!r}") from None
 
 
 def _sorted_ids(env_ids: np.ndarray) -> np.ndarray:

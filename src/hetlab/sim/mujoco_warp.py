@@ -10,7 +10,9 @@ start and actuator activations never leave the device, and a reset or `forward` 
 leaves the others' untouched.
 
 `--sim warp` asks for a CUDA device and refuses without one. Warp also runs its kernels on the
-CPU (slowly, compiled on first use); `device="cpu"` takes that path, which the tests use.
+CPU (slowly, compiled on first use); `device="cpu"` takes that path, which the tests use. There
+`.numpy()` is a view of the device's memory, so a snapshot that must outlive the next kernel is
+copied.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ import numpy as np
 
 from hetlab.errors import UserError
 from hetlab.extras import require
+from hetlab.sim.model_state import HostState, MujocoOutputs
 
 # Past these the simulation has blown up: the mujoco.batch backend's acceleration limit, and
 # MuJoCo's own bound on positions and velocities (mjMAXVAL), which MuJoCo Warp does not check.
 MAX_ABS_QACC = 1e8
 MAX_ABS_STATE = 1e10
-_NOISY_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
 
 
 def modules():
@@ -47,7 +49,7 @@ def cuda_device() -> str:
     return "cuda:0"
 
 
-class WarpBatchSim:
+class WarpBatchSim(HostState, MujocoOutputs):
     """`num_envs` worlds of the model `spec` compiles to, stepped by MuJoCo Warp on `device`
     (None: the CUDA device; "cpu": Warp's CPU kernels). `threads` is not used: the GPU steps them."""
 
@@ -65,12 +67,10 @@ class WarpBatchSim:
         wp, mjw = modules()
         self._wp, self._mjw = wp, mjw
         self.device = wp.get_device(cuda_device() if device is None else device)
-        self.model = model = spec.compile()
-        self.num_envs = num_envs
+        model = spec.compile()
+        super().__init__(model, num_envs, keyframe, seed)
         self.threads = 1  # the host thread that launches the GPU's work
         self.timestep = float(model.opt.timestep)
-        self.divergences = 0
-        self._rng = np.random.default_rng(seed)
         with wp.ScopedDevice(self.device):
             # Fields that domain randomisation varies, and the constants set_const derives from
             # them, get one row per world.
@@ -78,29 +78,12 @@ class WarpBatchSim:
             self._d = mjw.make_data(model, nworld=num_envs)
             if keyframe is not None:
                 mjw.reset_data_keyframe(self._m, self._d, model.key(keyframe).id)
-        d = self._d
-        # The host's state starts from the MuJoCo model's float64 values, the device's own from its row.
-        key = None if keyframe is None else model.key(keyframe).id
-        mocap_bodies = sorted(np.flatnonzero(model.body_mocapid >= 0), key=lambda b: model.body_mocapid[b])
-        self._initial = {name: getattr(d, name).numpy()[0].copy() for name in _DEVICE_STATE} | {
-            "qpos": model.qpos0.copy() if key is None else model.key_qpos[key].copy(),
-            "qvel": np.zeros(model.nv) if key is None else model.key_qvel[key].copy(),
-            "ctrl": np.zeros(model.nu) if key is None else model.key_ctrl[key].copy(),
-            "mocap_pos": model.body_pos[mocap_bodies] if key is None else model.key_mpos[key].reshape(-1, 3),
-            "mocap_quat": model.body_quat[mocap_bodies] if key is None else model.key_mquat[key].reshape(-1, 4),
-        }
-        self.qpos = np.tile(self._initial["qpos"], (num_envs, 1))
-        self.qvel = np.tile(self._initial["qvel"], (num_envs, 1))
-        self.ctrl = np.tile(self._initial["ctrl"], (num_envs, 1))
-        self._mocap_pos = np.tile(self._initial["mocap_pos"], (num_envs, 1, 1))
-        self._mocap_quat = np.tile(self._initial["mocap_quat"], (num_envs, 1, 1))
-        noisy = [j for j in range(model.njnt) if model.jnt_type[j] in _NOISY_JOINTS]
-        self._noisy_qpos = model.jnt_qposadr[noisy]
-        self._noisy_qvel = model.jnt_dofadr[noisy]
+        # The device's own state (warm start, activations) a reset restores: its first world's.
+        self._device_initial = {name: getattr(self._d, name).numpy()[0].copy() for name in _DEVICE_STATE}
         self._graphs: dict[int, object] = {}
         self._fields: dict[str, np.ndarray] = {}  # per-env model fields handed out, on the host
         # Derived fields copied to the host after each call: name → host array, filled on first use.
-        self._derived: dict[str, np.ndarray] = {}
+        self._derived_arrays: dict[str, np.ndarray] = {}
         self.forward(np.arange(num_envs))
 
     # -- state between host and device ---------------------------------------------------------
@@ -111,14 +94,14 @@ class WarpBatchSim:
         d.qvel.assign(self.qvel.astype(np.float32))
         d.ctrl.assign(self.ctrl.astype(np.float32))
         if self.model.nmocap:
-            d.mocap_pos.assign(self._mocap_pos.astype(np.float32))
-            d.mocap_quat.assign(self._mocap_quat.astype(np.float32))
+            d.mocap_pos.assign(self.mocap_pos.astype(np.float32))
+            d.mocap_quat.assign(self.mocap_quat.astype(np.float32))
 
     def _pull(self, rows: np.ndarray | slice) -> None:
         d = self._d
         self.qpos[rows] = d.qpos.numpy()[rows]
         self.qvel[rows] = d.qvel.numpy()[rows]
-        for name, values in self._derived.items():
+        for name, values in self._derived_arrays.items():
             values[rows] = getattr(d, name).numpy()[rows]
 
     def _run(self, substeps: int) -> None:
@@ -158,13 +141,8 @@ class WarpBatchSim:
         ids = np.unique(np.asarray(env_ids, dtype=np.int64))
         if ids.size == 0:
             return
-        self._write_rows(ids, {name: initial for name, initial in self._initial.items() if name not in _HOST_STATE})
-        self.qpos[ids], self.qvel[ids], self.ctrl[ids] = self._initial["qpos"], self._initial["qvel"], self._initial["ctrl"]
-        self._mocap_pos[ids], self._mocap_quat[ids] = self._initial["mocap_pos"], self._initial["mocap_quat"]
-        if noise > 0.0:
-            rows = ids[:, None]
-            self.qpos[rows, self._noisy_qpos] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qpos)))
-            self.qvel[rows, self._noisy_qvel] += self._rng.uniform(-noise, noise, (len(ids), len(self._noisy_qvel)))
+        self._write_rows(ids, self._device_initial)
+        super().reset(ids, noise)
 
     def _write_rows(self, ids: np.ndarray, values: dict[str, np.ndarray]) -> None:
         """Device-only state (warm start, activations) of rows `ids`, through the host: resets are rare."""
@@ -189,56 +167,19 @@ class WarpBatchSim:
         self._pull(ids)
 
     def get_state(self) -> dict:
-        return {"qpos": self.qpos.copy(), "qvel": self.qvel.copy(), "ctrl": self.ctrl.copy(),
-                "mocap_pos": self._mocap_pos.copy(), "mocap_quat": self._mocap_quat.copy(),
-                **{name: getattr(self._d, name).numpy().copy() for name in _DEVICE_STATE},
-                "divergences": self.divergences, "rng": self._rng.bit_generator.state}
+        return self.host_state() | {name: getattr(self._d, name).numpy().copy() for name in _DEVICE_STATE}
 
     def set_state(self, state: dict) -> None:
-        if np.shape(state["qpos"]) != self.qpos.shape:
-            raise UserError(f"sim state of shape {np.shape(state['qpos'])} does not fit this sim's {self.qpos.shape}")
-        for name in ("qpos", "qvel", "ctrl"):
-            getattr(self, name)[...] = state[name]
-        self._mocap_pos[...], self._mocap_quat[...] = state["mocap_pos"], state["mocap_quat"]
-        self.divergences = int(state["divergences"])
-        self._rng.bit_generator.state = state["rng"]
+        self.load_host_state(state)
         self.forward(np.arange(self.num_envs))
         self._write_rows(np.arange(self.num_envs), {name: state[name] for name in _DEVICE_STATE})
 
     # -- derived outputs ------------------------------------------------------------------------
 
-    def _derived_field(self, name: str) -> np.ndarray:
-        if name not in self._derived:
-            self._derived[name] = getattr(self._d, name).numpy().astype(np.float64)
-        return self._derived[name]
-
-    def sensor(self, name: str) -> np.ndarray:
-        sensor = _named(self.model.sensor, "sensor", name)
-        adr, dim = int(sensor.adr[0]), int(sensor.dim[0])
-        return self._derived_field("sensordata")[:, adr : adr + dim]
-
-    def body_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        body = _named(self.model.body, "body", name).id
-        return self._derived_field("xpos")[:, body], self._derived_field("xquat")[:, body]
-
-    def joint_index(self, name: str) -> tuple[int, int]:
-        joint = _named(self.model.joint, "joint", name).id
-        return int(self.model.jnt_qposadr[joint]), int(self.model.jnt_dofadr[joint])
-
-    def joint_range(self, name: str) -> tuple[float, float]:
-        joint = _named(self.model.joint, "joint", name).id
-        low, high = self.model.jnt_range[joint] if self.model.jnt_limited[joint] else (-np.inf, np.inf)
-        return float(low), float(high)
-
-    def mocap_pose(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        body = _named(self.model.body, "body", name).id
-        mocap = int(self.model.body_mocapid[body])
-        if mocap < 0:
-            raise UserError(f"body {name!r} is not a mocap body (mocap=\"true\" in the MJCF)")
-        return self._mocap_pos[:, mocap], self._mocap_quat[:, mocap]
-
-    def actuator_names(self) -> list[str]:
-        return [self.model.actuator(i).name for i in range(self.model.nu)]
+    def _derived(self, field: str) -> np.ndarray:
+        if field not in self._derived_arrays:
+            self._derived_arrays[field] = getattr(self._d, field).numpy().astype(np.float64)
+        return self._derived_arrays[field]
 
     # DomainRandomisable
     def model_field(self, name: str) -> np.ndarray:
@@ -249,12 +190,6 @@ class WarpBatchSim:
             nominal = getattr(self.model, name)
             self._fields[name] = np.tile(nominal, (self.num_envs,) + (1,) * nominal.ndim)
         return self._fields[name]
-
-    def object_id(self, kind: str, name: str) -> int:
-        lookup = getattr(self.model, kind, None)
-        if lookup is None:
-            raise UserError(f"{kind!r} is not a kind of MuJoCo model object")
-        return _named(lookup, kind, name).id
 
     def commit_model_fields(self, env_ids: np.ndarray | None = None) -> None:
         for name, values in self._fields.items():
@@ -273,36 +208,13 @@ class WarpBatchSim:
                     after[others] = before[others]
                     array.assign(after)
 
-    # Renderable
-    def render_state(self, env_id: int, model: mujoco.MjModel | None = None,
-                     data: mujoco.MjData | None = None) -> tuple[mujoco.MjModel, mujoco.MjData]:
-        model = self.model if model is None else model
-        data = mujoco.MjData(model) if data is None else data
-        data.qpos[:], data.qvel[:], data.ctrl[:] = self.qpos[env_id], self.qvel[env_id], self.ctrl[env_id]
-        data.mocap_pos[:], data.mocap_quat[:] = self._mocap_pos[env_id], self._mocap_quat[env_id]
-        mujoco.mj_forward(model, data)
-        return model, data
-
 
 _RANDOMISABLE = ("body_mass", "body_inertia", "geom_friction", "actuator_gainprm", "actuator_biasprm")
 _DERIVED = ("body_subtreemass", "body_invweight0", "dof_invweight0", "actuator_acc0")
 _PER_WORLD = _RANDOMISABLE + _DERIVED
 
-# Each world's integration state in MuJoCo Warp's Data; the host keeps the first five, the device the rest.
-_HOST_STATE = ("qpos", "qvel", "ctrl", "mocap_pos", "mocap_quat")
+# Each world's integration state that only the device holds (the host holds the rest: HostState).
 _DEVICE_STATE = ("act", "qacc_warmstart", "time")
-_STATE = _HOST_STATE + _DEVICE_STATE
-
-
-# On Warp's CPU device `.numpy()` is a view of the device's memory, so whatever must outlive the
-# next kernel is copied.
-
-
-def _named(lookup, kind: str, name: str):
-    try:
-        return lookup(name)
-    except KeyError:
-        raise UserError(f"the model has no {kind} named {name!r}") from None
 
 
 def bare_physics(spec: mujoco.MjSpec, num_envs: int, threads: int, keyframe: str | None) -> Callable[[int], None]:
