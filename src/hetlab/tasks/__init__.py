@@ -26,19 +26,8 @@ def task_class(name: str) -> type[Task]:
 
 def make_config(name: str, **overrides) -> TaskConfig:
     """The task's config with `overrides`, validated before anything is built."""
-    cls = task_class(name)
-    known = {f.name for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise UserError(f"task {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}")
-    cfg = cls.Config(**overrides)
-    backend = sim_backend(cfg.sim)
-    if cfg.num_envs < 1:
-        raise UserError(f"--envs must be at least 1, got {cfg.num_envs}")
-    cores = cpu_count()
-    if not 0 <= cfg.threads <= cores:
-        raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
-    cls.check_assets(cfg)
+    cfg = _validated_config(name, overrides)
+    cls, backend = task_class(name), sim_backend(cfg.sim)
     if backend.needs is not None:
         # An engine other than MuJoCo may not read every part of the scene: one env, built now,
         # says which before any work starts.
@@ -47,10 +36,27 @@ def make_config(name: str, **overrides) -> TaskConfig:
     return cfg
 
 
+def _validated_config(name: str, overrides: dict) -> TaskConfig:
+    cls = task_class(name)
+    known = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UserError(f"task {name!r} has no option(s) {', '.join(unknown)}; options: {', '.join(sorted(known))}")
+    cfg = cls.Config(**overrides)
+    sim_backend(cfg.sim)
+    if cfg.num_envs < 1:
+        raise UserError(f"--envs must be at least 1, got {cfg.num_envs}")
+    cores = cpu_count()
+    if not 0 <= cfg.threads <= cores:
+        raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
+    cls.check_assets(cfg)
+    return cfg
+
+
 def make_task(name: str, **overrides) -> Task:
     """Build task `name` on its physics backend: e.g. make_task("cartpole-balance", num_envs=64)."""
     cls = task_class(name)
-    cfg = make_config(name, **overrides)
+    cfg = _validated_config(name, overrides)  # building the sim below is the engine's own check
     sim = sim_backend(cfg.sim).make(cls.build_spec(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
                                     keyframe=cls.keyframe)
     return cls(sim, cfg)
