@@ -137,27 +137,31 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert set(events.PluginTagToContent("hparams")) >= {"_hparams_/experiment", "_hparams_/session_start_info"}
 
 
-def test_sync_resume_is_exact(tmp_path, assert_same_weights):
+def test_sync_resume_is_exact_in_place_and_from_an_older_checkpoint(tmp_path, assert_same_weights):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--checkpoint-every", "3", *SMALL_NETS]
-    straight, _ = train(tmp_path / "a", *common, "--max-iterations", "6")
-    interrupted, _ = train(tmp_path / "b", *common, "--max-iterations", "3")
-    resumed, _ = train(tmp_path / "b", "--resume", str(interrupted), "--max-iterations", "6")
-    assert resumed == interrupted
+    straight, _ = train(tmp_path / "a", *common, "--max-iterations", "6", "--keep-checkpoints", "0")
+    before = {name: (straight / name).read_bytes() for name in ("summary.json", "history.json", "meta.json")}
+    # From iteration 3 of a run that went on to 6: a new run directory, the original left whole.
+    branch, _ = train(tmp_path / "b", "--resume", str(straight), "--checkpoint", "3", "--max-iterations", "5")
+    assert branch != straight and {name: (straight / name).read_bytes() for name in before} == before
+    resumed, _ = train(tmp_path / "b", "--resume", str(branch), "--max-iterations", "6")
+    assert resumed == branch
     assert_same_weights(straight, resumed, 6)
-    # The record spans both sessions: nothing the first one wrote is lost.
+    # The record spans every launch: nothing an earlier one wrote is lost.
     summary = json.loads((resumed / "summary.json").read_text())
     assert summary["iterations"] == 6 and summary["env_steps"] == 6 * 16 * 8
-    assert [s["iterations"] for s in summary["sessions"]] == [3, 3]
-    assert [s["first_iteration"] for s in summary["sessions"]] == [0, 3]
-    launches = json.loads((resumed / "meta.json").read_text())["launches"]
-    assert ["--resume" in launch["command"] for launch in launches] == [False, True]
+    assert [(s["first_iteration"], s["iterations"]) for s in summary["sessions"]] == [(3, 2), (5, 1)]
+    meta = json.loads((resumed / "meta.json").read_text())
+    assert ["--resume" in launch["command"] for launch in meta["launches"]] == [False, True, True]
+    assert meta["branched_from"] == {"run": str(straight.resolve()), "iteration": 3}
     history = json.loads((resumed / "history.json").read_text())
     assert [row["iteration"] for row in history] == list(range(6))
+    assert history[:3] == json.loads(before["history.json"])[:3]
     walls = [row["wall_seconds"] for row in history]
-    assert walls == sorted(walls)  # the second launch's clock goes on from the first's
+    assert walls == sorted(walls)  # each launch's clock goes on from the one before
     events = [e for e in json.loads((resumed / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
     updates = sorted(e["ts"] for e in events if e["name"] == "update")
-    assert len(updates) == 6  # three learner updates of each session, one after the other
+    assert len(updates) == 3  # the branch's two learner updates, then the in-place resume's one
 
 
 def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal):
@@ -168,8 +172,11 @@ def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal):
         (["--max-iterations", "2"], "has already trained 2 iterations; pass --max-iterations above 2"),
         (["--max-iterations", "4", "--envs", "32"], "--envs asks for 32 where the run has 16"),
         (["--max-iterations", "4", "--ppo.learning-rate", "0.5"], "--ppo.learning-rate asks for 0.5 where the run has 0.001"),
+        (["--max-iterations", "4", "--checkpoint", "1"], "keeps no checkpoint of step 1; it keeps step(s) 2"),
+        (["--max-iterations", "4", "--checkpoint", "best"], "has no best checkpoint"),
     ]:
         assert message in refusal("train", "--resume", run_dir, *args)
+    assert "give --resume RUN_DIR too" in refusal("train", "--checkpoint", "2")
     assert {name: (run_dir / name).read_bytes() for name in before} == before
 
 

@@ -2,7 +2,9 @@
 
 A run's config.json says what it trains; meta.json says how it came about: the command line,
 the hetlab version and git commit, the libraries' versions and the hardware, so a number can be
-traced to the machine and code behind it. A resume appends; nothing earlier is lost.
+traced to the machine and code behind it. A resume appends; nothing earlier is lost. A run
+resumed from an older checkpoint (`--checkpoint`) starts with the launches of the run it
+branched from and `branched_from`: that run and the iteration.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def record_launch(run_dir: Path, device: str, device_name: str) -> dict:
         "hardware": hardware(device, device_name),
     }
     path = run_dir / META_FILE
-    launches = json.loads(path.read_text())["launches"] if path.is_file() else []
-    write_text_atomic(path, json.dumps({"launches": [*launches, entry]}, indent=2))
+    meta = json.loads(path.read_text()) if path.is_file() else {"launches": []}
+    write_text_atomic(path, json.dumps({**meta, "launches": [*meta["launches"], entry]}, indent=2))
     return entry
 
 

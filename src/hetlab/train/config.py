@@ -90,6 +90,9 @@ class TrainConfig:
     eval_envs: int | None = None  # envs of the evaluation, one episode each (16)
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
+    # with --resume: the checkpoint to continue from (latest, best or a kept iteration); one older than
+    # the newest continues in a new run directory, so the run it branches from keeps its whole record
+    checkpoint: str = "latest"
     # a file of options to start from: a run's config.json, or TOML in its layout (options by name,
     # [algos.<algo>], [off_policy], [ray_pool]); options given beside it override its values
     config: str | None = None

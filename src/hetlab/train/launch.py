@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from datetime import datetime
 from pathlib import Path
 
 import torch
 
-from hetlab.checkpoint import load_checkpoint
+from hetlab.checkpoint import checkpoint_dir, read_checkpoint
 from hetlab.devices import apply_thread_budget, pick_device, thread_budget
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
-from hetlab.run_meta import record_launch
+from hetlab.run_meta import META_FILE, record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
 from hetlab.train.config import (TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes,
                                  with_run_defaults)
@@ -27,10 +28,11 @@ from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
 
-# What a resumed run takes from the command line: its budgets and where it runs. Everything
-# else is the run's own; a command line that asks for another value is refused.
-RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "device", "threads", "checkpoint_every", "keep_checkpoints",
-                     "eval_every", "eval_envs", "resume", "ray", "ray_pool.max_restarts")
+# What a resumed run takes from the command line: its budgets, where it runs and where a run
+# resumed from an older checkpoint goes. Everything else is the run's own; a command line that
+# asks for another value is refused.
+RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "device", "threads", "checkpoint_every",
+                     "keep_checkpoints", "eval_every", "eval_envs", "resume", "runs_dir", "ray", "ray_pool.max_restarts")
 # Of those, the ones a resume leaves unset (None) keep the run's values: a run that keeps every
 # checkpoint, or evaluates, goes on doing so.
 KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs")
@@ -38,11 +40,19 @@ KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs")
 
 def train(cfg: TrainConfig) -> Path:
     """Run training; returns the run directory."""
-    resume_state, given = None, cfg
+    resume_state, branch_of, given = None, None, cfg
     if cfg.resume:
         run_dir = Path(cfg.resume)
-        resume_state = load_checkpoint(run_dir)
-        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(cfg, given))
+        chosen = checkpoint_dir(run_dir, cfg.checkpoint)
+        resume_state = read_checkpoint(run_dir, chosen)
+        if chosen != checkpoint_dir(run_dir):
+            branch_of = (run_dir, chosen)
+        # Which checkpoint to start from is this launch's choice; the run goes on from its newest.
+        given = dataclasses.replace(cfg, checkpoint="latest")
+        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(given, given))
+    elif cfg.checkpoint != "latest":
+        raise UserError(f"--checkpoint {cfg.checkpoint} picks the checkpoint --resume continues from; "
+                        "give --resume RUN_DIR too")
     cfg = with_run_defaults(cfg)
     if cfg.motion:  # absolute, so that play and export find the clip from anywhere
         cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
@@ -57,9 +67,11 @@ def train(cfg: TrainConfig) -> Path:
                         "to train it further")
     pool = open_pool(cfg)
     try:
-        if resume_state is None:
+        if resume_state is None or branch_of:
             run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             run_dir.mkdir(parents=True)
+        if branch_of:
+            branch_run(*branch_of, run_dir, resume_state["iteration"])
         # A resume writes it again: the budgets and options it may change are the run's from now on.
         write_text_atomic(run_dir / "config.json", json.dumps(saved_config(cfg, device.torch_device), indent=2))
         record_launch(run_dir, device.torch_device, device.name)
@@ -76,6 +88,20 @@ def train(cfg: TrainConfig) -> Path:
     finally:
         pool.close()
     return run_dir
+
+
+def branch_run(source: Path, checkpoint: Path, run_dir: Path, iteration: int) -> None:
+    """Start `run_dir` as `source` was at the checkpoint of `iteration`: that checkpoint, the
+    history up to it, and meta.json's launches; `source` itself is left as it is."""
+    shutil.copytree(checkpoint, run_dir / "checkpoints" / checkpoint.name)
+    write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": checkpoint.name}))
+    history_file = source / "history.json"
+    if history_file.is_file():
+        rows = [row for row in json.loads(history_file.read_text()) if row["iteration"] < iteration]
+        write_text_atomic(run_dir / "history.json", json.dumps(rows))
+    launches = json.loads((source / META_FILE).read_text())["launches"] if (source / META_FILE).is_file() else []
+    branched = {"branched_from": {"run": str(source.resolve()), "iteration": iteration}}
+    write_text_atomic(run_dir / META_FILE, json.dumps({"launches": launches, **branched}, indent=2))
 
 
 def saved_config(cfg: TrainConfig, torch_device: str) -> dict:
