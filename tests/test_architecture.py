@@ -22,7 +22,7 @@ LAYERS = [
     ["runtime"],
     ["train"],
     ["deploy"],
-    ["aloha"],
+    ["aloha", "aloha_config"],
     ["offload"],
     ["imitation"],
     ["cli", "__init__"],

@@ -11,6 +11,9 @@ fails here cannot be swapped for another. Hence:
   is written to MUJOCO_GL;
 - then mujoco's gl_context module is reloaded, so the next Renderer uses that backend even
   if mujoco was imported before MUJOCO_GL was set.
+
+`working_backend()` is the check before work starts, for a command that renders later in a
+process of its own: it tries MUJOCO_GL too, and names the backend to hand that process.
 """
 
 from __future__ import annotations
@@ -34,10 +37,7 @@ PROBE_TIMEOUT_S = 60
 
 def make_renderer(model: mujoco.MjModel, width: int, height: int) -> mujoco.Renderer:
     """A mujoco.Renderer on a headless backend, or a UserError saying how to get one."""
-    backend = os.environ.get("MUJOCO_GL") or next((b for b in CANDIDATES if _renders(b)), None)
-    if backend is None:
-        raise UserError(f"no headless OpenGL backend works (tried MUJOCO_GL={' and '.join(CANDIDATES)}); "
-                        f"{install_hint()}")
+    backend = os.environ.get("MUJOCO_GL") or _first_working()
     os.environ["MUJOCO_GL"] = backend
     try:
         importlib.reload(gl_context)  # re-reads MUJOCO_GL, which may have changed since `import mujoco`
@@ -45,6 +45,25 @@ def make_renderer(model: mujoco.MjModel, width: int, height: int) -> mujoco.Rend
     except Exception as e:  # the backends fail with ImportError, RuntimeError, GLError, FatalError, ...
         raise UserError(f"MUJOCO_GL={backend} cannot render ({e}); {install_hint()}, "
                         "or unset MUJOCO_GL to let hetlab pick") from e
+
+
+def working_backend() -> str:
+    """A backend that renders here, tried in a child process: MUJOCO_GL if it is set, else the first
+    of CANDIDATES that works; a UserError saying how to get one. For a check before work starts."""
+    backend = os.environ.get("MUJOCO_GL")
+    if not backend:
+        return _first_working()
+    if not _renders(backend):
+        raise UserError(f"MUJOCO_GL={backend} cannot render; {install_hint()}, or unset MUJOCO_GL to let hetlab pick")
+    return backend
+
+
+def _first_working() -> str:
+    backend = next((b for b in CANDIDATES if _renders(b)), None)
+    if backend is None:
+        raise UserError(f"no headless OpenGL backend works (tried MUJOCO_GL={' and '.join(CANDIDATES)}); "
+                        f"{install_hint()}")
+    return backend
 
 
 def install_hint() -> str:

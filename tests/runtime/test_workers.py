@@ -85,6 +85,16 @@ def test_every_job_comes_back_with_its_result_and_setup_runs_once_per_worker():
     assert 1 <= len(tokens) <= 2 and all(len(drawn) == 1 for drawn in tokens.values())
 
 
+def test_next_with_a_timeout_returns_none_until_a_job_finishes():
+    with WorkerPool(1, sleep_for) as pool:
+        pool.submit(2.0)
+        start = time.monotonic()
+        assert pool.next(timeout=0) is None and pool.next(timeout=0.2) is None
+        assert 0.2 <= time.monotonic() - start < 1.5  # it looked, and waited about as long as asked
+        job, _ = pool.next(timeout=60)
+        assert job == 2.0 and pool.pending == 0
+
+
 def test_an_exception_reaches_the_parent_with_the_workers_traceback():
     with pytest.raises(RuntimeError) as failure:
         with WorkerPool(1, divide, name="division") as pool:

@@ -1,18 +1,36 @@
-"""Algorithm registry: names → algorithm classes.
+"""Algorithm registry: names → options (`ALGO_CONFIGS`) and → algorithm classes (`ALGOS`).
 
 An algorithm is one file holding a class with `name`, `Config` (its options: a frozen
-dataclass, which becomes the `--<name>.*` options of `hetlab train`), `off_policy` (which
-training loop feeds it), `actor`, `update(batch) -> metrics`, `state_dict()` and
+dataclass in configs.py, which becomes the `--<name>.*` options of `hetlab train`), `off_policy`
+(which training loop feeds it), `actor`, `update(batch) -> metrics`, `state_dict()` and
 `load_state_dict()`, and `cpu_defaults`: the values it takes on a CPU learner for options left at
 their defaults, run-wide (`envs`) or its own (`<name>.batch_size`; see hetlab.train.device_defaults).
-Adding one is that file and its entry below.
+Adding one is that file, its options in configs.py and its entries below.
+
+The classes import torch and are imported when first asked for (`algorithm_class`, `ALGOS`);
+the options are not, so that the command line builds its help without torch.
 """
 
-from hetlab.algos.appo import APPO
-from hetlab.algos.fastsac import FastSAC
-from hetlab.algos.flashsac import FlashSAC
-from hetlab.algos.ppo import PPO
-from hetlab.algos.sac import SAC
-from hetlab.algos.td3 import TD3
+from __future__ import annotations
 
-ALGOS = {algo.name: algo for algo in (PPO, APPO, SAC, TD3, FastSAC, FlashSAC)}
+from importlib import import_module
+
+from hetlab.algos.configs import APPOConfig, FastSACConfig, FlashSACConfig, PPOConfig, SACConfig, TD3Config
+
+ALGO_CONFIGS = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig, "td3": TD3Config, "fastsac": FastSACConfig,
+                "flashsac": FlashSACConfig}
+# name → the class in hetlab.algos.<name>
+_CLASS_NAMES = {"ppo": "PPO", "appo": "APPO", "sac": "SAC", "td3": "TD3", "fastsac": "FastSAC", "flashsac": "FlashSAC"}
+
+
+def algorithm_class(name: str) -> type:
+    """The algorithm class registered as `name` (a key of ALGO_CONFIGS)."""
+    return getattr(import_module(f"hetlab.algos.{name}"), _CLASS_NAMES[name])
+
+
+def __getattr__(attribute: str):
+    # ALGOS (name → class) imports every algorithm, so it is made on first use rather than with the package.
+    if attribute == "ALGOS":
+        globals()["ALGOS"] = algos = {name: algorithm_class(name) for name in ALGO_CONFIGS}
+        return algos
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

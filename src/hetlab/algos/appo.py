@@ -20,11 +20,11 @@ from μ, so subtracting a mean would bias the gradient back towards the behaviou
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch.distributions import Normal, kl_divergence
 
+from hetlab.algos.configs import APPOConfig
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
 from hetlab.algos.ppo import (
     apply_gradients,
@@ -34,39 +34,6 @@ from hetlab.algos.ppo import (
     minibatch_indices,
     set_learning_rate,
 )
-from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class APPOConfig:
-    actor_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the actor MLP
-    critic_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the critic MLP
-    init_noise_std: float = 1.0  # the Gaussian policy's action std at the start
-    normalize_obs: bool = True  # normalise observations by their running mean and std
-    gamma: float = 0.99  # discount factor
-    rho_bar: float = 1.0  # truncation of the importance weights in the TD errors and advantages
-    c_bar: float = 1.0  # truncation of the importance weights in the trace
-    clip_param: float = 0.2  # on π_θ/π_target
-    target_update_interval: int = 1  # updates between refreshes of the target network
-    normalize_advantages: bool = True  # divided by their batch std, so the entropy coefficient means what it does in PPO
-    value_loss_coef: float = 1.0  # weight of the value loss
-    entropy_coef: float = 0.01  # weight of the entropy bonus
-    # Adam. Fixed by default: on rollouts several versions old, the KL schedule's rates of up
-    # to 1e-2 moved the policy faster than the behaviour data could follow (cartpole collapsed
-    # after solving it, at a lag of 4), while 3e-4 learns it as fast and stays there.
-    learning_rate: float = 3e-4
-    desired_kl: float | None = None  # adapt the learning rate to the KL from the target policy; None: fixed
-    min_learning_rate: float = 1e-5  # lower bound of the adaptive learning rate
-    max_learning_rate: float = 1e-2  # upper bound of the adaptive learning rate
-    max_grad_norm: float = 1.0  # gradient-norm clipping
-    num_learning_epochs: int = 5  # passes over each batch of rollouts
-    num_mini_batches: int = 4  # minibatches each batch of rollouts is split into
-
-    def __post_init__(self):
-        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
-        if self.num_learning_epochs < 1 or self.num_mini_batches < 1 or self.target_update_interval < 1:
-            raise UserError("APPO needs at least one learning epoch, one minibatch and a target update interval ≥ 1")
 
 
 class APPO:

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetlab.algos.configs import FastSACConfig
 from hetlab.algos.off_policy_networks import (
     QEnsemble,
     TanhGaussianActor,
     build_on_cpu,
     categorical_projection,
-    check_common_config,
     frozen,
     gradient_step,
     maybe_compile,
@@ -50,50 +49,6 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
-from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class FastSACConfig:
-    actor_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the actor MLP
-    critic_hidden: tuple[int, ...] = (768, 384, 192)  # hidden-layer widths of the critic MLP
-    layer_norm: bool = True  # LayerNorm after each critic layer
-    num_q_networks: int = 2  # Q networks in the critic ensemble
-    num_atoms: int = 101  # atoms of the distributional critic's support
-    v_min: float = -20.0  # lower end of the distributional critic's support
-    v_max: float = 20.0  # upper end of the distributional critic's support
-    normalize_obs: bool = True  # normalise observations by their running mean and std
-    batch_size: int = 8192  # transitions sampled per update
-    gamma: float = 0.97  # discount factor
-    n_step: int = 1  # steps summed in the n-step return
-    updates_per_step: float = 8.0  # gradient updates per vectorised env step
-    learning_starts: int = 10  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.125  # Polyak factor of the target networks
-    actor_learning_rate: float = 3e-4  # Adam learning rate of the actor
-    critic_learning_rate: float = 3e-4  # Adam learning rate of the critics
-    alpha_learning_rate: float = 3e-4  # Adam learning rate of the entropy temperature
-    adam_betas: tuple[float, float] = (0.9, 0.95)  # Adam's β1 and β2
-    weight_decay: float = 1e-3  # AdamW, actor and critic
-    max_grad_norm: float = 0.0  # 0: no clipping
-    init_alpha: float = 1e-3  # entropy temperature at the start
-    target_entropy_ratio: float = 0.0  # target entropy = −ratio · action size
-    log_std_min: float = -5.0  # lower bound of the actor's log std
-    log_std_max: float = 0.0  # upper bound of the actor's log std
-    policy_frequency: int = 4  # critic updates per actor update
-    compile: bool = False  # torch.compile the update (pays off on GPUs)
-    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
-
-    def __post_init__(self):
-        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
-        object.__setattr__(self, "adam_betas", tuple(self.adam_betas))
-        check_common_config(self, "FastSAC")
-        if not self.actor_hidden or not self.critic_hidden:
-            raise UserError("invalid FastSAC config: actor_hidden and critic_hidden need at least one layer")
-        if self.num_atoms < 2 or self.v_min >= self.v_max or self.num_q_networks < 1:
-            raise UserError("invalid FastSAC config: need num_atoms ≥ 2, v_min < v_max and num_q_networks ≥ 1")
-        if self.init_alpha <= 0 or self.log_std_min >= self.log_std_max:
-            raise UserError("invalid FastSAC config: init_alpha must be > 0 and log_std_min < log_std_max")
 
 
 class FastSAC:

@@ -39,17 +39,16 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetlab.algos.configs import FlashSACConfig
 from hetlab.algos.off_policy_networks import (
     TanhGaussianPolicy,
     build_on_cpu,
     categorical_projection,
-    check_common_config,
     fold_into_normalizer,
     frozen,
     gradient_step,
@@ -64,48 +63,6 @@ from hetlab.algos.off_policy_networks import (
     standard_normal,
     tanh_gaussian_sample,
 )
-from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class FlashSACConfig:
-    actor_blocks: int = 2  # residual blocks of the actor
-    actor_hidden: int = 128  # width of the actor's blocks
-    critic_blocks: int = 2  # residual blocks of the critic
-    critic_hidden: int = 256  # width of the critic's blocks
-    expansion: int = 4  # width of a block's inner layer, in multiples of `hidden`
-    num_q_networks: int = 2  # Q networks in the critic ensemble
-    num_atoms: int = 101  # atoms of the distributional critic's support
-    return_max: float = 5.0  # G_max: the critic's support is [−G_max, G_max]
-    normalize_reward: bool = True  # scale rewards by a running bound on the return
-    normalize_obs: bool = False  # the embedder's BatchNorm already normalises the inputs
-    batch_size: int = 2048  # transitions sampled per update
-    gamma: float = 0.99  # discount factor
-    n_step: int = 3  # steps summed in the n-step return
-    updates_per_step: float = 2.0  # gradient updates per vectorised env step
-    learning_starts: int = 10  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.01  # Polyak factor of the target networks
-    learning_rate: float = 3e-4  # Adam, for actor, critic and temperature
-    init_temperature: float = 0.01  # entropy temperature at the start
-    target_entropy_std: float = 0.15  # H̄ = the entropy of N(0, std²) per action dimension
-    log_std_min: float = -10.0  # lower bound of the actor's log std
-    log_std_max: float = 2.0  # upper bound of the actor's log std
-    policy_frequency: int = 2  # updates per actor and temperature step
-    compile: bool = False  # torch.compile the update (pays off on GPUs)
-    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
-
-    def __post_init__(self):
-        check_common_config(self, "FlashSAC")
-        if min(self.actor_blocks, self.critic_blocks) < 0 or min(self.actor_hidden, self.critic_hidden, self.expansion) < 1:
-            raise UserError("invalid FlashSAC config: blocks must be ≥ 0, hidden sizes and expansion ≥ 1")
-        if self.num_atoms < 2 or self.return_max <= 0 or self.num_q_networks < 1:
-            raise UserError("invalid FlashSAC config: need num_atoms ≥ 2, return_max > 0 and num_q_networks ≥ 1")
-        if self.normalize_reward and self.gamma >= 1.0:
-            raise UserError("invalid FlashSAC config: reward normalisation bounds returns by |r|/(1 − γ); "
-                            "use gamma < 1 or normalize_reward=False")
-        if self.init_temperature <= 0 or self.target_entropy_std <= 0 or self.log_std_min >= self.log_std_max:
-            raise UserError("invalid FlashSAC config: init_temperature and target_entropy_std must be > 0, "
-                            "log_std_min < log_std_max")
 
 
 # -- layers: every one works on (members, batch, features), so the critic's twins run as one -------

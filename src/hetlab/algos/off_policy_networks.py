@@ -22,7 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetlab.algos.networks import EmpiricalNormalization
-from hetlab.errors import UserError
 
 
 def build_on_cpu(seed: int, factory: Callable[[], tuple[nn.Module, ...]], device: torch.device) -> tuple[nn.Module, ...]:
@@ -287,24 +286,3 @@ def restore(algo, state: dict, names: Sequence[str]) -> None:
             value.load_state_dict(state[name])
         else:
             setattr(algo, name, type(value)(state[name]))
-
-
-def check_common_config(cfg, algo: str) -> None:
-    """The fields every off-policy config has, which the runtime relies on."""
-    problems = []
-    if cfg.batch_size < 1:
-        problems.append(f"batch_size must be ≥ 1 (got {cfg.batch_size})")
-    if not 0.0 < cfg.gamma <= 1.0:
-        problems.append(f"gamma must be in (0, 1] (got {cfg.gamma})")
-    if cfg.n_step < 1:
-        problems.append(f"n_step must be ≥ 1 (got {cfg.n_step})")
-    if cfg.updates_per_step <= 0:
-        problems.append(f"updates_per_step must be > 0 (got {cfg.updates_per_step})")
-    if cfg.learning_starts < 0:
-        problems.append(f"learning_starts must be ≥ 0 (got {cfg.learning_starts})")
-    if not 0.0 < cfg.tau <= 1.0:
-        problems.append(f"tau must be in (0, 1] (got {cfg.tau})")
-    if cfg.policy_frequency < 1:
-        problems.append(f"policy_frequency must be ≥ 1 (got {cfg.policy_frequency})")
-    if problems:
-        raise UserError(f"invalid {algo} config: " + "; ".join(problems))

@@ -25,42 +25,14 @@ What differs, because here the learner gets a finished rollout instead of steppi
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.distributions import Normal, kl_divergence
 
+from hetlab.algos.configs import PPOConfig
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
 from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class PPOConfig:
-    actor_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the actor MLP
-    critic_hidden: tuple[int, ...] = (512, 256, 128)  # hidden-layer widths of the critic MLP
-    init_noise_std: float = 1.0  # the Gaussian policy's action std at the start
-    normalize_obs: bool = True  # normalise observations by their running mean and std
-    gamma: float = 0.99  # discount factor
-    lam: float = 0.95  # GAE λ
-    clip_param: float = 0.2  # for the policy ratio and for the value change
-    use_clipped_value_loss: bool = True  # clip each update's change of the value estimate, as the policy ratio is
-    value_loss_coef: float = 1.0  # weight of the value loss
-    entropy_coef: float = 0.01  # weight of the entropy bonus
-    learning_rate: float = 1e-3  # Adam; the starting point when the schedule is adaptive
-    desired_kl: float | None = 0.01  # adapt the learning rate to this KL per minibatch; None: fixed rate
-    min_learning_rate: float = 1e-5  # lower bound of the adaptive learning rate
-    max_learning_rate: float = 1e-2  # upper bound of the adaptive learning rate
-    max_grad_norm: float = 1.0  # gradient-norm clipping
-    num_learning_epochs: int = 5  # passes over each batch of rollouts
-    num_mini_batches: int = 4  # minibatches each batch of rollouts is split into
-
-    def __post_init__(self):
-        # Configs read back from JSON carry lists; keep the dataclass hashable.
-        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
-        if self.num_learning_epochs < 1 or self.num_mini_batches < 1:
-            raise UserError("PPO needs at least one learning epoch and one minibatch")
 
 
 class PPO:

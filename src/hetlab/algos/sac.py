@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import torch
 
+from hetlab.algos.configs import SACConfig
 from hetlab.algos.off_policy_networks import (
     QEnsemble,
     TanhGaussianActor,
     build_on_cpu,
-    check_common_config,
     frozen,
     gradient_step,
     maybe_compile,
@@ -44,42 +43,6 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
-from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class SACConfig:
-    actor_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the actor MLP
-    critic_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the critic MLP
-    normalize_obs: bool = True  # normalise observations by their running mean and std
-    batch_size: int = 256  # transitions sampled per update
-    gamma: float = 0.99  # discount factor
-    n_step: int = 1  # steps summed in the n-step return
-    updates_per_step: float = 1.0  # gradient updates per vectorised env step
-    learning_starts: int = 100  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.005  # Polyak factor of the target networks
-    actor_learning_rate: float = 3e-4  # Adam learning rate of the actor
-    critic_learning_rate: float = 3e-4  # Adam learning rate of the critics
-    alpha_learning_rate: float = 3e-4  # Adam learning rate of the entropy temperature
-    init_alpha: float = 1.0  # entropy temperature at the start
-    target_entropy: float | None = None  # None: −(action size), the paper's heuristic
-    log_std_min: float = -5.0  # lower bound of the actor's log std
-    log_std_max: float = 2.0  # upper bound of the actor's log std
-    policy_frequency: int = 1  # critic updates per actor and temperature update
-    target_update_interval: int = 1  # critic updates per target update
-    compile: bool = False  # torch.compile the update (pays off on GPUs)
-    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
-
-    def __post_init__(self):
-        # Configs read back from JSON carry lists; keep the dataclass hashable.
-        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
-        check_common_config(self, "SAC")
-        if not self.actor_hidden or not self.critic_hidden:
-            raise UserError("invalid SAC config: actor_hidden and critic_hidden need at least one layer")
-        if self.init_alpha <= 0 or self.log_std_min >= self.log_std_max or self.target_update_interval < 1:
-            raise UserError("invalid SAC config: init_alpha must be > 0, log_std_min < log_std_max, "
-                            "target_update_interval ≥ 1")
 
 
 class SAC:

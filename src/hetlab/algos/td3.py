@@ -20,15 +20,14 @@ What differs:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 
+from hetlab.algos.configs import TD3Config
 from hetlab.algos.off_policy_networks import (
     DeterministicActor,
     QEnsemble,
     build_on_cpu,
-    check_common_config,
     frozen,
     gradient_step,
     maybe_compile,
@@ -39,37 +38,6 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
-from hetlab.errors import UserError
-
-
-@dataclass(frozen=True)
-class TD3Config:
-    actor_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the actor MLP
-    critic_hidden: tuple[int, ...] = (256, 256)  # hidden-layer widths of the critic MLP
-    normalize_obs: bool = True  # normalise observations by their running mean and std
-    batch_size: int = 256  # transitions sampled per update
-    gamma: float = 0.99  # discount factor
-    n_step: int = 1  # steps summed in the n-step return
-    updates_per_step: float = 1.0  # gradient updates per vectorised env step
-    learning_starts: int = 100  # env steps per env of uniform-random actions before updates start
-    tau: float = 0.005  # Polyak factor of the target networks
-    actor_learning_rate: float = 3e-4  # Adam learning rate of the actor
-    critic_learning_rate: float = 3e-4  # Adam learning rate of the critics
-    policy_noise: float = 0.2  # std of the target policy smoothing noise
-    noise_clip: float = 0.5  # bound of the target-policy smoothing noise
-    exploration_noise: float = 0.1  # std of the behaviour policy's noise
-    policy_frequency: int = 2  # critic updates per actor and target update
-    compile: bool = False  # torch.compile the update (pays off on GPUs)
-    bf16: bool = False  # bfloat16 autocast in the update (on devices that have it)
-
-    def __post_init__(self):
-        object.__setattr__(self, "actor_hidden", tuple(self.actor_hidden))
-        object.__setattr__(self, "critic_hidden", tuple(self.critic_hidden))
-        check_common_config(self, "TD3")
-        if not self.actor_hidden or not self.critic_hidden:
-            raise UserError("invalid TD3 config: actor_hidden and critic_hidden need at least one layer")
-        if min(self.policy_noise, self.noise_clip, self.exploration_noise) < 0:
-            raise UserError("invalid TD3 config: policy_noise, noise_clip and exploration_noise must be ≥ 0")
 
 
 class TD3:

@@ -28,11 +28,11 @@ and no multisampling, about 8× cheaper a frame at 120×160.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 import mujoco
 import numpy as np
 
+from hetlab.aloha_config import EPISODE_STEPS, RENDER_QUALITIES, RenderQuality
 from hetlab.assets import aloha_assets_dir
 from hetlab.errors import UserError
 from hetlab.headless_gl import make_renderer
@@ -42,7 +42,6 @@ from gymnasium import spaces
 
 SCENE_FILE = "bimanual_viperx_transfer_cube.xml"
 CONTROL_DT = 0.02
-EPISODE_STEPS = 400
 ARMS = ("left", "right")
 ARM_JOINTS = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate")
 # Per arm, qpos holds the 6 arm joints then the left and right finger slides.
@@ -53,8 +52,6 @@ FINGER_CLOSED, FINGER_OPEN = 0.01844, 0.05800  # left finger slide that normalis
 CUBE_LOW = np.array([0.0, 0.4, 0.05])
 CUBE_HIGH = np.array([0.2, 0.6, 0.05])
 MAX_REWARD = 4
-RenderQuality = Literal["high", "fast"]
-RENDER_QUALITIES: tuple[str, ...] = ("high", "fast")
 
 
 def normalise_gripper(finger: np.ndarray | float) -> np.ndarray | float:

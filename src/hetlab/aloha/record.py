@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from hetlab.aloha.env import ARM_JOINTS, ARMS, EPISODE_STEPS, RenderQuality
+from hetlab.aloha.env import ARM_JOINTS, ARMS
+from hetlab.aloha_config import EPISODE_STEPS, RecordConfig, RenderQuality
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter, StagedEpisode, stage_episode
 from hetlab.errors import UserError
 from hetlab.runtime.workers import WorkerPool
@@ -32,23 +32,6 @@ TASK = "Pick up the cube with the right arm and transfer it to the left arm."
 CAMERA_KEY = "observation.images.top"
 RENDER_QUALITY_KEY = "render.quality"
 MOTORS = tuple(f"{arm}_{joint}" for arm in ARMS for joint in (*ARM_JOINTS, "gripper"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecordConfig:
-    episodes: int = 50  # episodes the dataset should hold when done
-    out: Path  # dataset directory; an existing recording there is continued
-    height: int = 480  # image height in pixels (even, ≥ 64)
-    width: int = 640  # image width in pixels (even, ≥ 64)
-    # "fast" (no shadows, no multisampling) renders ~8× quicker than the scene's own "high"; a policy
-    # is evaluated at the quality its dataset was recorded at.
-    render_quality: RenderQuality = "fast"
-    workers: int = 1  # processes rolling out and encoding episodes; 0 = one per core
-    first_seed: int = 0  # the seed of the first episode of a new dataset
-    steps: int = EPISODE_STEPS  # frames per episode
-    # False records episodes the expert fails too (short test recordings end before the handover).
-    successful_only: bool = True
-    give_up_after: int = 20  # consecutive failed seeds that stop the recording (something is broken)
 
 
 def aloha_spec(height: int, width: int, render_quality: RenderQuality) -> DatasetSpec:

@@ -14,19 +14,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
 import torch
-import tyro
 
-from hetlab.aloha.env import EPISODE_STEPS, AlohaTransferCube
+from hetlab.aloha.env import AlohaTransferCube
+from hetlab.aloha_config import EPISODE_STEPS
 from hetlab.checkpoint import checkpoint_dir, checkpoint_iteration
 from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
+from hetlab.imitation.config import EvalConfig
 from hetlab.imitation.phase_a import load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
@@ -34,24 +33,6 @@ from hetlab.runtime.workers import WorkerPool
 from hetlab.seeds import parse_seeds
 
 VIDEO_FPS = 50
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    run: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN")]  # a trained AR-Actor run (phase A or B)
-    seeds: str = "2000-2049"  # environment seeds: A-B, N, or a list such as 0-3,7 (recordings start at 0)
-    # Allow seeds the run's training episodes were recorded from (a memorisation check); the report
-    # then does not call them held out.
-    on_training_seeds: bool = False
-    workers: int = 0  # episode processes; 0 = one per core
-    videos: int = 3  # mp4s of the first K seeds
-    replan_every: int = 0  # steps between generated chunks; 0 = the whole chunk (with --temporal-ensemble: 1, as ACT)
-    # ACT's temporal ensembling: each step's action is the mean of every running chunk's action for
-    # it, chunk i (0 = the oldest) weighted exp(−m·i); ACT's m is 0.01. None: the newest chunk alone.
-    temporal_ensemble: float | None = None
-    max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
-    checkpoint: int | None = None  # the step of a kept checkpoint (RUN/checkpoints); default the newest
-    out: Path | None = None  # results directory; default RUN/eval/<seeds> (<seeds>-step<N> with --checkpoint)
 
 
 class ChunkPolicy:

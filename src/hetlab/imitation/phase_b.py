@@ -32,6 +32,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from hetlab.imitation.config import CONDITIONS
 from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
                                   open_dataset, read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
@@ -53,7 +54,6 @@ from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 
-CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")
 DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
 # Everything else is the run's own; a command line that asks for another value is refused.

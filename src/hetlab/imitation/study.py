@@ -28,19 +28,16 @@ import dataclasses
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
 
-import tyro
-
-from hetlab.aloha.env import EPISODE_STEPS
+from hetlab.aloha_config import EPISODE_STEPS
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
-from hetlab.imitation.evaluate import EvalConfig, check_seeds_held_out, evaluate, training_seeds
+from hetlab.imitation.config import CONDITIONS, EvalConfig, StudyConfig
+from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
 from hetlab.datasets.lerobot import load_info
 from hetlab.imitation.phase_a import check_recording, load_policy, read_run_config, run_render_quality
-from hetlab.imitation.phase_b import CONDITIONS, PhaseBConfig, train_phase_b
+from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
 from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, Fidelity, check_held_out, fidelity
@@ -55,30 +52,6 @@ OFFLOAD_SETTINGS = frozenset({"offload_device", "offload_precision", "quantise",
 INT8_SETTINGS = frozenset({"quantise", "calibration_episodes"})
 CACHE_SETTINGS = frozenset({"cache_dtype"})
 EVAL_SETTINGS = ("seeds", "max_steps", "replan_every")  # as results.json stores them
-
-
-@dataclass(frozen=True, kw_only=True)
-class StudyConfig:
-    from_run: Annotated[Path, tyro.conf.arg(name="from")]  # the Phase-A run
-    conditions: str = ",".join(CONDITIONS)  # comma-separated: learner, L1..L4 (encoder offloaded up to layer k), cache
-    seeds: str = "2000,2001,2002"  # training seeds
-    steps: int = 30_000  # Phase-B steps per condition and seed
-    eval_seeds: str = "2000-2049"  # environment seeds, held out from every training episode
-    eval_workers: int = 0  # 0 = one per core
-    eval_max_steps: int = EPISODE_STEPS  # steps per evaluation episode (the task's 400)
-    eval_replan_every: int = 0  # actions executed per generated chunk; 0 = the whole chunk
-    videos: int = 0  # evaluation videos per condition and seed
-    fidelity: bool = True  # INT8-vs-FP32 cosine per offloaded boundary, in the report
-    train_episodes: str = "0-39"  # episodes Phase B trains on
-    calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
-    heldout_episodes: str = "40-49"  # fidelity is measured on these
-    offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
-    quantise: QuantiseConfig = field(default_factory=QuantiseConfig)
-    power_interval: float = 1.0  # seconds between power samples
-    power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)
-    power_pattern: str = r"([0-9.]+)\s*W"  # regex; its first group is the watts
-    power_device: str = "offload device"  # the name --power-command's readings appear under
-    out: Path | None = None  # default <from_run>/study
 
 
 def conditions_of(text: str) -> list[str]:

@@ -81,16 +81,21 @@ class WorkerPool:
         self._pending[message[0]] = job
         self._jobs.put(message)
 
-    def next(self) -> tuple[Any, Any]:
-        """(job, result) of the next job to finish; raises the job's failure, or a worker's death."""
+    def next(self, timeout: float | None = None) -> tuple[Any, Any] | None:
+        """(job, result) of the next job to finish, or None if none finishes within `timeout` s (None:
+        wait as long as it takes; 0: only look); raises the job's failure, or a worker's death."""
         if not self._pending:
             raise RuntimeError("next() with no job pending")
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            wait = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - time.monotonic()))
             try:
-                message = self._results.get(timeout=POLL_S)
+                message = self._results.get(timeout=wait)
             except queue.Empty:
                 dead = next((process for process in self._processes if process.exitcode is not None), None)
                 if dead is None:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
                     continue
                 try:  # a worker that failed its setup reports, then exits
                     message = self._results.get(timeout=LAST_WORDS_S)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
-
-import mujoco
+from typing import TYPE_CHECKING
 
 from hetlab.errors import UserError
-from hetlab.sim.contract import BatchSim
+
+if TYPE_CHECKING:  # the registry itself stays free of MuJoCo and numpy: the command line reads SIMS
+    import mujoco
+
+    from hetlab.sim.contract import BatchSim
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class SimBackend:
         """The install line for what this backend needs, where that is not installed; else None."""
         if self.needs is None:
             return None
+        from importlib import metadata  # here, as it costs the command line's help tens of milliseconds
+
         try:
             metadata.version(self.needs)
         except metadata.PackageNotFoundError:

@@ -21,31 +21,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 
 import mujoco
 import numpy as np
 from rich.progress import Progress
 
 from hetlab.errors import UserError
-from hetlab.sim import SIMS, sim_backend
+from hetlab.sim import sim_backend
+from hetlab.sim.bench_config import SimBenchConfig
 from hetlab.tasks import make_config, make_task
-
-
-@dataclass(frozen=True)
-class SimBenchConfig:
-    """Measure physics substeps/s and task env-steps/s for one task."""
-
-    task: str = "go1-joystick-flat"  # task to measure (`hetlab tasks` lists them)
-    sim: str = "mujoco"  # physics backend, or "all": every backend usable here, side by side
-    envs: int = 1024  # envs stepped as one batch
-    seconds: float = 10.0  # total measuring time per backend, split over the rounds and both loops
-    threads: int = 0  # physics threads; 0 = every core
-    rounds: int = 3  # alternating physics/task rounds; results are medians over rounds
-    json: bool = False  # print one JSON object instead of a table
-
-    def sims(self) -> list[str]:
-        return list(SIMS) if self.sim == "all" else [self.sim]
 
 
 def _rate(step, units_per_call: int, seconds: float) -> float:

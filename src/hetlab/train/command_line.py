@@ -16,7 +16,7 @@ from typing import Annotated
 
 import tyro
 
-from hetlab.algos import ALGOS
+from hetlab.algos import ALGO_CONFIGS
 from hetlab.errors import UserError
 from hetlab.train.config import AlgoConfigs, TrainConfig, read_config_file
 
@@ -31,14 +31,14 @@ def command_type(args: list[str]) -> tuple[type, object]:
         algo = base.algo
     # A resumed run's algorithm (None here) is its own, checked with its other options when the run
     # is read; an unknown --algo is tyro's to refuse, naming the choices. Both parse every group.
-    if algo not in ALGOS:
+    if algo not in ALGO_CONFIGS:
         return TrainConfig, base
     for arg in args:
-        for other in ALGOS:
+        for other in ALGO_CONFIGS:
             if other != algo and arg.startswith(f"--{other}."):
                 raise UserError(f"{arg.split('=')[0]} is an option of --algo {other}, and this run trains {algo}: "
                                 f"give --algo {other}, or drop it")
-    command, command_algos = _config_types_for(algo)
+    command, command_algos = _config_types_for(algo, base)
     return command, _converted(base, command, command_algos)
 
 
@@ -58,14 +58,14 @@ def _value_of(option: str, args: list[str]) -> str | None:
     return value
 
 
-def _config_types_for(algo: str) -> tuple[type, type]:
-    """A TrainConfig whose command line holds only `algo`'s option group (the others keep their
-    defaults, which the run never reads), and its AlgoConfigs."""
+def _config_types_for(algo: str, base: TrainConfig) -> tuple[type, type]:
+    """A TrainConfig whose command line holds only `algo`'s option group, and its AlgoConfigs. The
+    other algorithms' options (`base`'s, which the run never reads) are class attributes of that
+    AlgoConfigs rather than fields, so that tyro neither shows nor builds them."""
+    config = ALGO_CONFIGS[algo]
     algos = dataclasses.make_dataclass(
-        "AlgoConfigs",
-        [(name, cls.Config if name == algo else Annotated[cls.Config, tyro.conf.Suppress],
-          dataclasses.field(default_factory=cls.Config)) for name, cls in ALGOS.items()],
-        frozen=True,
+        "AlgoConfigs", [(algo, config, dataclasses.field(default_factory=config))],
+        namespace={name: getattr(base.algos, name) for name in ALGO_CONFIGS if name != algo}, frozen=True,
     )
     command = dataclasses.make_dataclass(
         "TrainConfig", [("algos", Annotated[algos, tyro.conf.arg(name="")], dataclasses.field(default_factory=algos))],
@@ -79,4 +79,5 @@ def _config_types_for(algo: str) -> tuple[type, type]:
 def _converted(cfg, cls: type, algos_cls: type):
     """`cfg`'s options as a `cls` whose algorithm groups are an `algos_cls`."""
     options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "algos"}
-    return cls(**options, algos=algos_cls(**{name: getattr(cfg.algos, name) for name in ALGOS}))
+    algos = {f.name: getattr(cfg.algos, f.name) for f in dataclasses.fields(algos_cls)}
+    return cls(**options, algos=algos_cls(**algos))

@@ -15,20 +15,23 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import torch
 import tyro
 
-from hetlab.algos import ALGOS
-from hetlab.devices import LearnerDevice
+from hetlab.algos import ALGO_CONFIGS, algorithm_class
 from hetlab.errors import UserError
-from hetlab.runtime.ray import RELAY_DEPTH
-from hetlab.runtime.replay import ReplayLayout
 from hetlab.run_config import read_rl_run_config
-from hetlab.runtime.rollout_ring import RolloutLayout
 from hetlab.sim import SIMS
-from hetlab.tasks import make_config, task_class
+
+# Only what the command line needs is imported here, so that `hetlab train --help` runs without
+# torch, numpy or MuJoCo; the methods that need the tasks or the runtime import them when called.
+if TYPE_CHECKING:
+    import torch
+
+    from hetlab.devices import LearnerDevice
+    from hetlab.runtime.replay import ReplayLayout
+    from hetlab.runtime.rollout_ring import RolloutLayout
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class RayPoolConfig:
 
 
 AlgoConfigs = dataclasses.make_dataclass(
-    "AlgoConfigs", [(name, algo.Config, field(default_factory=algo.Config)) for name, algo in ALGOS.items()],
+    "AlgoConfigs", [(name, config, field(default_factory=config)) for name, config in ALGO_CONFIGS.items()],
     frozen=True,
 )
 AlgoConfigs.__module__ = __name__  # where pickle finds it
@@ -63,7 +66,7 @@ AlgoConfigs.__doc__ = "Every registered algorithm's options; `--algo` chooses th
 class TrainConfig:
     """Train a policy with PPO or APPO (on-policy) or SAC, TD3, FastSAC or FlashSAC (off-policy) on a hetlab task."""
 
-    algo: Literal[tuple(ALGOS)] = "ppo"  # learning algorithm; its options are the --<algo>.* group
+    algo: Literal[tuple(ALGO_CONFIGS)] = "ppo"  # learning algorithm; its options are the --<algo>.* group
     task: str = "go1-joystick-flat"  # task to train (`hetlab tasks` lists them)
     motion: str = ""  # g1-track-motion: the reference clip (.npz) to follow; "" = the task's own
     envs: int = 1024  # in total, split evenly over the collectors
@@ -84,10 +87,20 @@ class TrainConfig:
     target_return: float | None = None
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
-    # These three, left unset, take RUN_DEFAULTS in a new run and the run's own values in a resumed one.
+    # These four, left unset, take RUN_DEFAULTS in a new run and the run's own values in a resumed one.
     keep_checkpoints: int | None = None  # newest checkpoints kept (2); 0 = every one
     eval_every: int | None = None  # iterations between deterministic evaluations (eval/* in the logs); 0 = none (0)
     eval_envs: int | None = None  # envs of the evaluation, one episode each (16)
+    # iterations between videos of the policy acting deterministically, rendered headless in a side process
+    # (the `video` extra) into RUN_DIR/videos/iteration_<N>.mp4 and sent to the loggers; 0 = none (0)
+    video_every: int | None = None
+    # where the curves, options and videos go besides TensorBoard (always written): wandb (the `wandb` extra;
+    # WANDB_MODE=offline keeps it in RUN_DIR/wandb) or mlflow (the `mlflow` extra; MLFLOW_TRACKING_URI,
+    # else RUNS_DIR/mlflow.db); a resumed run continues its wandb or mlflow run
+    logger: Literal["tensorboard", "wandb", "mlflow"] = "tensorboard"
+    run_name: str = ""  # the run's name in wandb or mlflow; "" = <task>-<algo>/<timestamp>, as the run directory
+    tags: tuple[str, ...] = ()  # tags of the run in wandb or mlflow
+    group: str = ""  # wandb: the run's group; mlflow: its experiment ("" = <task>-<algo>)
     runs_dir: str = "runs"  # run directories are made under RUNS_DIR/<task>-<algo>/
     resume: str | None = None  # a run directory to continue; its saved config is used
     # with --resume: the checkpoint to continue from (latest, best or a kept iteration); one older than
@@ -96,7 +109,7 @@ class TrainConfig:
     # a file of options to start from: a run's config.json, or TOML in its layout (options by name,
     # [algos.<algo>], [off_policy], [ray_pool]); options given beside it override its values
     config: str | None = None
-    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)  # SAC, TD3, FastSAC and FlashSAC only
     # Collectors as actors of a Ray cluster (the `ray` extra): local (one started here), auto (the
     # cluster `ray start` made this machine part of) or its address host:port. The learner stays here.
     ray: str | None = None
@@ -106,7 +119,7 @@ class TrainConfig:
 
     @property
     def algorithm(self) -> type:
-        return ALGOS[self.algo]
+        return algorithm_class(self.algo)
 
     @property
     def algo_config(self):
@@ -151,20 +164,29 @@ class TrainConfig:
 
     def build_algorithm(self, device: torch.device):
         """The run's algorithm, freshly initialised from its seed."""
+        from hetlab.tasks import task_class
+
         task = task_class(self.task)
         return self.algorithm(task.obs_sizes, task.action_size, self.algo_config, device, seed=self.seed)
 
     def rollout_layout(self) -> RolloutLayout:
+        from hetlab.runtime.rollout_ring import RolloutLayout
+        from hetlab.tasks import task_class
+
         task = task_class(self.task)
         return RolloutLayout(self.horizon, self.envs_per_collector, dict(task.obs_sizes), task.action_size)
 
     def replay_layout(self) -> ReplayLayout:
+        from hetlab.runtime.ray import RELAY_DEPTH
+        from hetlab.runtime.replay import ReplayLayout
+        from hetlab.tasks import task_class
+
         task = task_class(self.task)
         return ReplayLayout(self.off_policy.replay_capacity // self.envs, self.collectors, self.envs_per_collector,
                             dict(task.obs_sizes), task.action_size, relay_depth=RELAY_DEPTH if self.ray else 0)
 
 
-RUN_DEFAULTS = {"keep_checkpoints": 2, "eval_every": 0, "eval_envs": 16}
+RUN_DEFAULTS = {"keep_checkpoints": 2, "eval_every": 0, "eval_envs": 16, "video_every": 0}
 
 
 def with_run_defaults(cfg: TrainConfig) -> TrainConfig:
@@ -200,6 +222,8 @@ def with_ray_pool_sizes(cfg: TrainConfig, given: TrainConfig) -> TrainConfig:
 
 def validate(cfg: TrainConfig) -> None:
     """UserError for anything that would fail later: before a run directory or process exists."""
+    from hetlab.tasks import make_config
+
     cfg = with_run_defaults(cfg)
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
         if getattr(cfg, name) < 1:
@@ -209,6 +233,8 @@ def validate(cfg: TrainConfig) -> None:
                         f"and {cfg.eval_envs}")
     if cfg.keep_checkpoints < 0:
         raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {cfg.keep_checkpoints}")
+    if cfg.video_every < 0:
+        raise UserError(f"--video-every must be ≥ 0 (0 = no videos), got {cfg.video_every}")
     if cfg.max_seconds < 0:
         raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {cfg.max_seconds}")
     if cfg.seed < 0:  # numpy's seed sequences take non-negative integers only
@@ -262,13 +288,13 @@ def config_from_options(options: dict) -> TrainConfig:
     naming an option that does not exist."""
     options = dict(options)
     base = read_config_file(Path(options["config"])) if options.get("config") else TrainConfig()
-    groups = {name: options.pop(name) for name in ALGOS if name in options}
+    groups = {name: options.pop(name) for name in ALGO_CONFIGS if name in options}
     try:
         for name in ("off_policy", "ray_pool"):
             if isinstance(options.get(name), dict):
                 options[name] = dataclasses.replace(getattr(base, name), **options[name])
         algos = AlgoConfigs(**{name: dataclasses.replace(getattr(base.algos, name), **groups.get(name, {}))
-                               for name in ALGOS})
+                               for name in ALGO_CONFIGS})
         return dataclasses.replace(base, **options, algos=algos)
     except TypeError as e:  # an unknown keyword: Python's message names it
         raise UserError(f"{e}; the options are `hetlab train --help`'s, with underscores") from e
@@ -307,9 +333,10 @@ def config_from_saved(data: dict, source: Path, fix: str) -> TrainConfig:
     try:
         saved = data.pop("algos", {})
         # Runs from before an algorithm existed lack its section.
-        data["algos"] = AlgoConfigs(**{name: ALGOS[name].Config(**options) for name, options in saved.items()})
+        data["algos"] = AlgoConfigs(**{name: ALGO_CONFIGS[name](**options) for name, options in saved.items()})
         data["off_policy"] = OffPolicyConfig(**data.get("off_policy", {}))
         data["ray_pool"] = RayPoolConfig(**data.get("ray_pool", {}))  # runs from before Ray lack it
+        data["tags"] = tuple(data.get("tags", ()))  # JSON's list, as the command line gives it
         return TrainConfig(**data)
     except (TypeError, KeyError, AttributeError) as e:
         raise UserError(f"{source} does not hold the options of `hetlab train` ({e}); {fix}") from e

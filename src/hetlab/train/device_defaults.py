@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hetlab.algos import ALGOS
+from hetlab.algos import ALGO_CONFIGS
 from hetlab.devices import LearnerDevice
 from hetlab.train.config import TrainConfig, with_option
 
@@ -49,7 +49,7 @@ def scaled_line(scaled: dict[str, object]) -> str:
 def _path(option: str, algo: str) -> tuple[str, ...]:
     """The field path of a `cpu_defaults` key in TrainConfig: `fastsac.batch_size` → algos.fastsac.batch_size."""
     head, *rest = option.split(".")
-    if head in ALGOS:
+    if head in ALGO_CONFIGS:
         if head != algo:
             raise ValueError(f"{algo}.cpu_defaults sets {option!r}, an option of another algorithm")
         return ("algos", head, *rest)

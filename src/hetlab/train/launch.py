@@ -25,17 +25,20 @@ from hetlab.runtime.pool import CollectorPool, ProcessPool
 from hetlab.train.config import (TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes,
                                  with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
+from hetlab.train.loggers import require_logger
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
+from hetlab.train.video import check_rendering
 
 # What a resumed run takes from the command line: its budgets, where it runs and where a run
 # resumed from an older checkpoint goes. Everything else is the run's own; a command line that
 # asks for another value is refused.
 RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "device", "threads", "checkpoint_every",
-                     "keep_checkpoints", "eval_every", "eval_envs", "resume", "runs_dir", "ray", "ray_pool.max_restarts")
+                     "keep_checkpoints", "eval_every", "eval_envs", "video_every", "resume", "runs_dir", "ray",
+                     "ray_pool.max_restarts")
 # Of those, the ones a resume leaves unset (None) keep the run's values: a run that keeps every
-# checkpoint, or evaluates, goes on doing so.
-KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs")
+# checkpoint, evaluates, or records videos goes on doing so.
+KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs", "video_every")
 
 
 def train(cfg: TrainConfig) -> Path:
@@ -61,6 +64,9 @@ def train(cfg: TrainConfig) -> Path:
     cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})
     cfg = with_ray_pool_sizes(cfg, given)  # explicit sizes win over the scaled defaults
     validate(cfg)
+    require_logger(cfg.logger)
+    if cfg.video_every:
+        check_rendering()
     if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
         done = resume_state["iteration"]
         raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "

@@ -34,6 +34,7 @@ from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
 from hetlab.train.evaluation import PolicyEvaluation
 from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
+from hetlab.train.video import PolicyVideos
 
 
 def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -67,7 +68,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     best_return = best["eval/return"] if best else -math.inf
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
-            ReplayBuffer(layout) as replay, ExitStack() as resources, pool:
+            PolicyVideos(cfg, run_dir, record) as videos, ReplayBuffer(layout) as replay, ExitStack() as resources, \
+            pool:
         timeline = record.timeline
         stager = server = None
         try:
@@ -185,6 +187,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 if improved:  # the policy just evaluated is the one the checkpoint holds
                     best_return = evaluated["eval/return"]
                     mark_best(run_dir, iteration, evaluated)
+                videos.after_iteration(iteration, algo.actor)
                 if reached(cfg.target_return, returns):
                     stopped_by = "target_return"
                     break

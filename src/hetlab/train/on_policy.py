@@ -28,6 +28,7 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.train.evaluation import PolicyEvaluation
 from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
+from hetlab.train.video import PolicyVideos
 
 
 def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
@@ -48,6 +49,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     start = time.perf_counter()
     stopped_by = "max_iterations"
     with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+            PolicyVideos(cfg, run_dir, record) as videos, \
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
             WeightBroadcast(algo.actor.state_dict()) as weights, pool:
         timeline = record.timeline
@@ -124,6 +126,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 if improved:  # the policy just evaluated is the one the checkpoint holds
                     best_return = evaluated["eval/return"]
                     mark_best(run_dir, iteration, evaluated)
+                videos.after_iteration(iteration, algo.actor)
                 if reached(cfg.target_return, returns):
                     stopped_by = "target_return"
                     break

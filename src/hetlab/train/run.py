@@ -1,8 +1,9 @@
 """A training run's directory and record, shared by the on- and off-policy loops.
 
-`RunRecord` is what a loop writes into: per iteration a TensorBoard row and a console line,
-at every checkpoint history.json (so a crash keeps the rows up to its last checkpoint), and at
-the end summary.json, the Chrome trace and the plots. A resumed launch continues the record of
+`RunRecord` is what a loop writes into: per iteration a row to the loggers (TensorBoard, and
+the tracker --logger names: see loggers.py) and a console line, the policy videos of
+--video-every as they come, at every checkpoint history.json (so a crash keeps the rows up to its
+last checkpoint), and at the end summary.json, the Chrome trace and the plots. A resumed launch continues the record of
 the earlier ones — rows, wall-clock time, time breakdown, trace — so resuming never shrinks
 what a run has written. `interrupt_guard()` turns Ctrl-C into a flag the loops check at
 iteration boundaries, where a checkpoint is consistent.
@@ -15,13 +16,14 @@ import signal
 import statistics
 import threading
 from collections import defaultdict, deque
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
+from hetlab.train.loggers import PolicyVideo, make_loggers
 
 console = Console()
 
@@ -74,8 +76,6 @@ class RunRecord:
     again). summary.json's `sessions` has one entry per launch of `hetlab train` on the run."""
 
     def __init__(self, run_dir: Path, cfg, first_iteration: int = 0):
-        from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
-
         self.run_dir, self.cfg = run_dir, cfg
         self.first_iteration = first_iteration
         self.history = [row for row in _read_json(run_dir / "history.json", []) if row["iteration"] < first_iteration]
@@ -88,27 +88,20 @@ class RunRecord:
         if first_iteration:
             self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
                                         _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-        if not first_iteration:  # the options in TensorBoard's HPARAMS tab, beside the curves they led to
-            from torch.utils.tensorboard.summary import hparams
-
-            for summary in hparams(hyperparameters(cfg), dict.fromkeys(("train/mean_reward", "eval/return"), 0.0)):
-                self.writer.file_writer.add_summary(summary)
+        self.loggers = make_loggers(cfg, run_dir)
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
         """An iteration's row (its wall_seconds counted within this launch; env_steps_per_s the
-        launch's average) to TensorBoard (against env steps), the console and the history, with
+        launch's average) to the loggers (against env steps), the console and the history, with
         the iteration's own rate beside the average."""
         launch = self.session_rows
         since = (launch[-1]["env_steps"], launch[-1]["wall_seconds"] - self.wall_offset) if launch else None
         own_rate = (row["env_steps"] - since[0]) / (row["wall_seconds"] - since[1]) if since else row["env_steps_per_s"]
         row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"], "iteration_env_steps_per_s": own_rate}
-        steps = row["env_steps"]
-        for name, value in reward_terms.items():
-            self.writer.add_scalar(f"reward_terms/{name}", value, steps)
-        for key, value in row.items():
-            if key != "iteration":
-                self.writer.add_scalar(key if "/" in key else f"train/{key}", value, steps)
+        scalars = {f"reward_terms/{name}": value for name, value in reward_terms.items()}
+        scalars |= {key if "/" in key else f"train/{key}": value for key, value in row.items() if key != "iteration"}
+        for logger in self.loggers:
+            logger.scalars(scalars, row["env_steps"])
         console.print(
             f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
             f"return {row['mean_reward']:8.3f} | "
@@ -121,6 +114,11 @@ class RunRecord:
         )
         self.history.append(row)
 
+    def log_video(self, video: PolicyVideo) -> None:
+        for logger in self.loggers:
+            logger.video(video)
+        console.print(f"video of iteration {video.iteration}: {video.path}", highlight=False, soft_wrap=True)
+
     @property
     def session_rows(self) -> list[dict]:
         """The rows this launch logged."""
@@ -132,8 +130,10 @@ class RunRecord:
     def __enter__(self) -> RunRecord:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.writer.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        with ExitStack() as closing:  # every logger closes, whichever fails
+            for logger in self.loggers:
+                closing.callback(logger.close, failed=exc_type is not None)
 
     def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
         """summary.json (the whole run, and each launch), history.json, the Chrome trace and the
@@ -186,20 +186,6 @@ def _episode_metrics_first_last(history: list[dict]) -> dict[str, float]:
         if values:
             ends |= {f"{key}_first": values[0], f"{key}_last": values[-1]}
     return ends
-
-
-def hyperparameters(cfg) -> dict[str, int | float | str | bool]:
-    """The run's options as TensorBoard's hparams take them: the top-level ones and the chosen
-    algorithm's (`ppo.gamma`), sequences and None as text."""
-    import dataclasses
-
-    def scalar(value):
-        return value if isinstance(value, (int, float, str, bool)) else str(value)
-
-    options = {f.name: scalar(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-               if not dataclasses.is_dataclass(getattr(cfg, f.name))}
-    algo = cfg.algo_config
-    return options | {f"{cfg.algo}.{f.name}": scalar(getattr(algo, f.name)) for f in dataclasses.fields(algo)}
 
 
 def _read_json(path: Path, missing):

@@ -1,0 +1,230 @@
+"""The RL half's commands beside `hetlab train`: info, tasks, export, play, and `hetlab bench sim`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import tyro
+
+from hetlab.cli.output import console, err_console, print_json
+from hetlab.cli.parsing import Group
+from hetlab.sim.bench_config import SimBenchConfig
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+
+@dataclass(frozen=True)
+class InfoConfig:
+    device: str = "auto"  # learner device: auto, cuda, xpu, mps or cpu
+    threads: int = 0  # physics threads to budget for; 0 = every core
+    ray: str | None = None  # also show a Ray cluster's nodes and resources: local, auto or host:port
+    json: bool = False  # print the result as JSON
+
+
+def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> None:
+    """Learner device and its capabilities, CPU thread budget, versions, installed extras and (--ray) a Ray cluster."""
+    import platform
+
+    import mujoco
+    import numpy as np
+    import torch
+    from rich.table import Table
+
+    import hetlab
+    from hetlab.devices import DEVICE_CHOICES, pick_device, thread_budget
+    from hetlab.extras import installed_extras
+
+    device = pick_device(cfg.device)
+    budget = thread_budget(device, cfg.threads)
+    report = {
+        "device": device.torch_device,
+        "device_kind": device.kind,
+        "device_name": device.name,
+        "pinned_memory": device.pinned_memory,
+        "async_copy": device.async_copy,
+        "bf16": device.bf16,
+        "cpu_count": budget.cores,
+        "physics_threads": budget.physics,
+        "torch_threads": budget.torch,
+        "versions": {
+            "hetlab": hetlab.__version__,
+            "python": platform.python_version(),
+            "mujoco": mujoco.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+        },
+        "extras": installed_extras(),
+        "device_choices": list(DEVICE_CHOICES),
+    }
+    if cfg.ray is not None:
+        from hetlab.runtime.ray.cluster import RayCluster  # the `ray` extra: imported only when asked for
+
+        cluster = RayCluster(cfg.ray)
+        try:
+            report["ray_nodes"] = cluster.nodes()
+        finally:
+            cluster.close()
+    if cfg.json:
+        print_json(report)
+        return
+    table = Table(title="hetlab info", show_header=False)
+    table.add_row("learner device", f"{device.torch_device} ({device.kind}: {device.name})")
+    table.add_row("capabilities", ", ".join(f"{k}={'yes' if getattr(device, k) else 'no'}" for k in ("pinned_memory", "async_copy", "bf16")))
+    table.add_row("CPU cores", str(budget.cores))
+    table.add_row("thread budget", f"physics {budget.physics}, torch {budget.torch}")
+    table.add_row("versions", ", ".join(f"{k} {v}" for k, v in report["versions"].items()))
+    table.add_row("extras", ", ".join(f"{k} {'installed' if ok else 'missing'}" for k, ok in report["extras"].items()))
+    console().print(table)
+    if "ray_nodes" in report:
+        nodes = Table(title=f"Ray cluster at {cfg.ray}")
+        for column in ("node", "address", "CPUs", "GPUs", "memory (GiB)", "learner"):
+            nodes.add_column(column)
+        for node in report["ray_nodes"]:
+            nodes.add_row(node["node"][:12], node["address"], f"{node['cpus']:g}", f"{node['gpus']:g}",
+                          f"{node['memory_gib']:g}", "here" if node["learner"] else "")
+        console().print(nodes)
+
+
+@dataclass(frozen=True)
+class TasksConfig:
+    json: bool = False  # print the result as JSON
+
+
+def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -> None:
+    """The registered tasks with their observation and action sizes."""
+    from rich.table import Table
+
+    from hetlab.tasks import TASKS
+
+    rows = [
+        {
+            "name": name,
+            "obs": dict(cls.obs_sizes),
+            "actions": cls.action_size,
+            "control_hz": round(1.0 / cls.control_dt, 3),
+            "episode_seconds": cls.episode_seconds,
+        }
+        for name, cls in sorted(TASKS.items())
+    ]
+    if cfg.json:
+        print_json(rows)
+        return
+    table = Table(title="hetlab tasks")
+    table.add_column("task", no_wrap=True)
+    for column in ("policy obs", "critic obs", "actions", "control Hz", "episode s"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            row["name"], str(row["obs"]["policy"]), str(row["obs"]["critic"]), str(row["actions"]),
+            f"{row['control_hz']:g}", f"{row['episode_seconds']:g}",
+        )
+    console().print(table)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
+    out: Path | None = None  # default: RUN_DIR/policy.onnx
+    # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest
+    checkpoint: str = "latest"
+
+
+def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
+    """Export a run's policy to ONNX (input "obs", output "actions"), verified with ONNX Runtime."""
+    from hetlab.deploy.export import TOLERANCE, export_onnx
+
+    exported = export_onnx(cfg.run_dir, cfg.out, cfg.checkpoint)
+    print(exported.path)
+    console().print(f"checked with ONNX Runtime on {exported.real_observations} observations from the task and "
+                    f"{exported.random_observations} around them: max |Δ action| = {exported.max_error:.2g} "
+                    f"(tolerance {TOLERANCE:g}); metadata: {', '.join(exported.metadata)}", highlight=False,
+                    soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class PlayConfig:
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
+    video: Path | None = None  # default: RUN_DIR/play.mp4
+    seconds: float = 10.0  # length of the episode recorded
+    width: int = 640  # video width in pixels (even)
+    height: int = 480  # video height in pixels (even)
+    seed: int | None = None  # default: the run's seed
+    # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest
+    checkpoint: str = "latest"
+    json: bool = False  # print the result as JSON
+
+
+def play(cfg: Annotated[PlayConfig, tyro.conf.arg(name="")]) -> None:
+    """Record an mp4 of a run's policy acting deterministically in one env (headless GL)."""
+    from rich.table import Table
+
+    from hetlab.deploy.play import play as record
+
+    result = record(cfg.run_dir, cfg.video or cfg.run_dir / "play.mp4", cfg.seconds, cfg.width, cfg.height, cfg.seed,
+                    cfg.checkpoint)
+    if cfg.json:
+        print_json(result)
+        return
+    console().print(f"{result['video']}: {result['frames']} frames at {result['fps']:g} fps", highlight=False,
+                    soft_wrap=True)
+    table = Table()
+    for column in ("episode", "return", "length", "ended"):
+        table.add_column(column, justify="right")
+    for index, episode in enumerate(result["episodes"]):
+        table.add_row(str(index), f"{episode['return']:.3f}", str(episode["length"]), episode["ended"])
+    console().print(table)
+
+
+def bench_sim(cfg: Annotated[SimBenchConfig, tyro.conf.arg(name="")] = SimBenchConfig()) -> None:
+    """Physics substeps/s vs task env-steps/s, the task_efficiency between them, and the physics share of the task loop."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from hetlab.tasks import make_config
+    from hetlab.tasks.throughput import run_sim_bench
+
+    # Bad input fails before any work; with --sim all, a backend that cannot run the task is named in the result.
+    make_config(cfg.task, num_envs=cfg.envs, sim="mujoco" if cfg.sim == "all" else cfg.sim, threads=cfg.threads)
+    with Progress(console=err_console(), transient=True) as progress:
+        result = run_sim_bench(cfg, progress)
+    if cfg.json:
+        print_json(result)
+        return
+    if cfg.sim != "all":
+        console().print(_sim_bench_table(result))
+        return
+    results = result["results"]
+    threads = ", ".join(sorted({str(r["threads"]) for r in results}))
+    table = Table(title=f"bench sim --sim all: {result['task']}, {result['envs']} envs, {threads} threads "
+                        f"(medians of {cfg.rounds} interleaved rounds)")
+    table.add_column("metric")
+    for r in results:
+        table.add_column(r["sim"], justify="right")
+    for label, key, form in _SIM_BENCH_ROWS:
+        table.add_row(label, *(format(r[key], form) for r in results))
+    console().print(table)
+    for name, reason in result["unavailable"].items():
+        console().print(f"{name}: not measured, {reason}")
+
+
+_SIM_BENCH_ROWS = [("physics substeps/s", "physics_steps_per_s", ",.0f"), ("env steps/s", "env_steps_per_s", ",.0f"),
+                   ("task_efficiency", "task_efficiency", ".3f"), ("physics share of the task loop", "physics_share", ".3f")]
+
+
+def _sim_bench_table(result: dict) -> Table:
+    from rich.table import Table
+
+    table = Table(title=f"bench sim: {result['task']} on {result['sim']}, {result['envs']} envs, "
+                        f"{result['threads']} threads")
+    table.add_column("metric")
+    table.add_column("median", justify="right")
+    table.add_column(f"per round ({result['rounds']})", justify="right")
+    for label, key, form in _SIM_BENCH_ROWS:
+        table.add_row(label, format(result[key], form), " ".join(format(v, form) for v in result["per_round"][key]))
+    return table
+
+
+bench = Group("Benchmarks: `hetlab bench sim`.", {"sim": bench_sim})
