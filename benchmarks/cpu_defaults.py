@@ -52,7 +52,7 @@ def run(algo: str) -> dict:
 
 
 def ratio(summary: dict) -> str:
-    first, last = summary["mean_reward_first"], summary["mean_reward_last"]
+    first, last = summary["mean_return_first"], summary["mean_return_last"]
     return f"{last / first:.1f}×" if first and last is not None else "–"
 
 
@@ -64,7 +64,7 @@ results = {}
 for algo in args.algos:
     results[algo] = run(algo)
     s = results[algo]["summary"]
-    print(f"{algo}: {reward(s['mean_reward_first'])} → {reward(s['mean_reward_last'])} "
+    print(f"{algo}: {reward(s['mean_return_first'])} → {reward(s['mean_return_last'])} "
           f"({s['iterations']} iterations)", file=sys.stderr, flush=True)
 
 lines = [
@@ -76,7 +76,7 @@ lines = [
 for algo, result in results.items():
     s = result["summary"]
     lines.append(
-        f"| {algo} | {reward(s['mean_reward_first'])} → {reward(s['mean_reward_last'])} | {ratio(s)} | "
+        f"| {algo} | {reward(s['mean_return_first'])} → {reward(s['mean_return_last'])} | {ratio(s)} | "
         f"{s['iterations']} | {s.get('updates', '–')} | {s['env_steps']:,} | "
         f"{result['load_1_after']:.1f} / {result['load_5_after']:.1f} |"
     )

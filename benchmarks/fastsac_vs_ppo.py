@@ -58,8 +58,8 @@ out_dir.mkdir(parents=True, exist_ok=True)
     {"task": args.task, "envs": args.envs, "minutes": args.minutes, "fastsac_args": args.fastsac_args, **results}))
 fig, ax = plt.subplots(figsize=(6.5, 4))
 for name, result in results.items():
-    rows = [row for row in result["history"] if row["mean_reward"] == row["mean_reward"]]
-    ax.plot([row["wall_seconds"] / 60 for row in rows], [row["mean_reward"] for row in rows], label=name)
+    rows = [row for row in result["history"] if row["mean_return"] == row["mean_return"]]
+    ax.plot([row["wall_seconds"] / 60 for row in rows], [row["mean_return"] for row in rows], label=name)
 ax.set_xlabel("wall-clock minutes")
 ax.set_ylabel("mean episode return (last 100 episodes)")
 ax.set_title(f"{args.task}, {args.envs} envs, CPU learner")
@@ -71,4 +71,4 @@ print("| algorithm | env steps | mean return at the end | learner idle |")
 print("|---|---:|---:|---:|")
 for name, result in results.items():
     s = result["summary"]
-    print(f"| {name} | {s['env_steps']:,} | {s['mean_reward_last']:.2f} | {s['learner_idle_fraction']:.0%} |")
+    print(f"| {name} | {s['env_steps']:,} | {s['mean_return_last']:.2f} | {s['learner_idle_fraction']:.0%} |")

@@ -78,7 +78,7 @@ def in_runtime(algo_name: str, inference: str) -> dict:
         "env_steps_per_s": (last["env_steps"] - first["env_steps"]) / span if span > 0 else float("nan"),
         "learner_idle": summary["learner_idle_fraction"],
         "iterations": summary["iterations"],
-        "mean_reward_last": summary["mean_reward_last"],
+        "mean_return_last": summary["mean_return_last"],
     }
 
 

@@ -67,8 +67,8 @@ out_dir.mkdir(parents=True, exist_ok=True)
 fig, axes = plt.subplots(1, len(args.tasks), figsize=(4.2 * len(args.tasks), 3.6), squeeze=False)
 for ax, task in zip(axes[0], args.tasks):
     for sim in args.sims:
-        rows = [row for row in results[task, sim]["history"] if row["mean_reward"] == row["mean_reward"]]
-        ax.plot([row["env_steps"] / 1e6 for row in rows], [row["mean_reward"] for row in rows],
+        rows = [row for row in results[task, sim]["history"] if row["mean_return"] == row["mean_return"]]
+        ax.plot([row["env_steps"] / 1e6 for row in rows], [row["mean_return"] for row in rows],
                 label=sim if len(args.sims) > 1 else None)
     ax.set_title(task)
     ax.set_xlabel("env steps (millions)")
@@ -88,4 +88,4 @@ for (task, sim), result in results.items():
         f"{key[len('episode/'):-len('_first')]} {s[key]:.3g} → {s[key[:-len('_first')] + '_last']:.3g}"
         for key in s if key.startswith("episode/") and key.endswith("_first"))
     print(f"| {task} | {sim} | {s['env_steps']:,} | {s['env_steps_per_s']:,.0f} | "
-          f"{s['mean_reward_first']:.2f} → {s['mean_reward_last']:.2f} | {metrics} |")
+          f"{s['mean_return_first']:.2f} → {s['mean_return_last']:.2f} | {metrics} |")

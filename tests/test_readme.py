@@ -27,7 +27,7 @@ def test_the_quick_start_trains_a_cartpole_policy_that_balances_then_exports_and
     [run] = (tmp_path / "runs" / "cartpole-balance-ppo").iterdir()
     summary = json.loads((run / "summary.json").read_text())
     # An episode lasts at most 500 steps of reward ≈ 1; a random policy keeps the pole up ~25.
-    assert summary["mean_reward_first"] < 50 and summary["mean_reward_last"] >= 400, summary
+    assert summary["mean_return_first"] < 50 and summary["mean_return_last"] >= 400, summary
     assert summary["stopped_by"] == "target_return" and summary["iterations"] <= 70, summary
     assert summary["mode"] == "sync" and summary["policy_lag_mean"] == 0.0
     assert (run / "reward.png").stat().st_size > 0 and (run / "time_breakdown.png").stat().st_size > 0

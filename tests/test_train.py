@@ -54,8 +54,8 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations):
     # The run stops once the mean return reaches 350, within the iterations.
     assert summary["stopped_by"] == "target_return" and summary["iterations"] <= iterations, summary
     assert summary["mode"] == mode
-    assert summary["mean_reward_first"] < 50
-    assert summary["mean_reward_last"] >= 350, summary
+    assert summary["mean_return_first"] < 50
+    assert summary["mean_return_last"] >= 350, summary
     assert (run_dir / "checkpoints").is_dir()  # the stop wrote its checkpoint
     if mode == "sync":
         assert summary["policy_lag_mean"] == 0.0
@@ -87,7 +87,7 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     )
     assert run_dir.parent.name == "cartpole-balance-ppo" and run_dir.is_dir()
     summary = json.loads((run_dir / "summary.json").read_text())
-    for key in ("iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_reward_first", "mean_reward_last",
+    for key in ("iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_return_first", "mean_return_last",
                 "policy_lag_mean", "learner_idle_fraction"):
         assert key in summary, key
     assert summary["env_steps"] == 4 * 16 * 8

@@ -18,7 +18,7 @@ steps, which are cheap here, so it is generous.
 Shared choices for a 2-core CPU box: 32 envs in one collector, 64×64 networks (FlashSAC: one
 residual block of width 32), learning rates 1e-3 (TD3's actor 3e-4), `updates_per_step` 2,
 horizon 50, so 100 updates per iteration, and 40–50 iterations (≈ 20–40 s each on 2 cores). The logged
-`mean_reward` is the mean return of the last 100 finished episodes, so it lags the policy: the
+`mean_return` is the mean return of the last 100 finished episodes, so it lags the policy: the
 thresholds are on that lagging mean, measured over seeds 0, 1, 2 (see each case's comment).
 """
 
@@ -108,7 +108,7 @@ def test_off_policy_algorithm_learns_to_balance_cartpole_through_the_runtime(tmp
     run_dir = train(cfg)
     summary = json.loads((run_dir / "summary.json").read_text())
     history = json.loads((run_dir / "history.json").read_text())
-    returns = [row["mean_reward"] for row in history]
+    returns = [row["mean_return"] for row in history]
     # The curve reaches the threshold within the iterations, and the run stops there (--target-return).
     assert summary["stopped_by"] == "target_return", (algo, [round(r) for r in returns])
     assert summary["iterations"] <= case.iterations and returns[-1] >= case.threshold > max(returns[:-1])
@@ -116,5 +116,5 @@ def test_off_policy_algorithm_learns_to_balance_cartpole_through_the_runtime(tmp
     assert summary["updates"] == summary["iterations"] * cfg.updates_per_iteration
     assert all(r == r for r in returns), "every iteration should have finished episodes to average"
     # The first logged value is the random warm-up's (plus the first iteration's) episodes.
-    assert summary["mean_reward_first"] < 60, summary
-    assert summary["mean_reward_last"] >= 2 * summary["mean_reward_first"], (algo, [round(r) for r in returns])
+    assert summary["mean_return_first"] < 60, summary
+    assert summary["mean_return_last"] >= 2 * summary["mean_return_first"], (algo, [round(r) for r in returns])

@@ -122,7 +122,7 @@ def test_learns_cartpole_on_two_nodes_while_a_killed_collector_is_replaced(tmp_p
     assert "was lost: exit type" in stderr and "replacing it (1 of at most 3)" in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     history = json.loads((run_dir / "history.json").read_text())
-    returns = [row["mean_reward"] for row in history]
+    returns = [row["mean_return"] for row in history]
     assert summary["stopped_by"] == "target_return", [round(r) for r in returns]
     assert returns[0] < 60 and returns[-1] >= TARGETS[algo]
     last = history[-1]

@@ -75,9 +75,9 @@ def _train_on_bandit(algo_class, cfg, updates: int, lag: int = 0, seed: int = 0)
     for update in range(updates):
         if update % (lag + 1) == 0:
             behaviour.load_state_dict(algo.actor.state_dict())
-        batch, mean_reward = bandit.rollout(behaviour)
+        batch, mean_return = bandit.rollout(behaviour)
         algo.update(batch)
-        rewards.append(mean_reward)
+        rewards.append(mean_return)
     return rewards
 
 

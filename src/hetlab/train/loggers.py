@@ -24,7 +24,7 @@ from hetlab.files import write_text_atomic
 
 LOGGER_RUN_FILE = "logger_run.json"  # the tracker run's id, for --resume
 # The curves TensorBoard's HPARAMS tab shows beside the options.
-HPARAM_METRICS = ("train/mean_reward", "eval/return")
+HPARAM_METRICS = ("train/mean_return", "eval/return")
 WANDB_PROJECT = "hetlab"  # unless WANDB_PROJECT says otherwise
 MLFLOW_PARAMS_PER_BATCH = 100  # mlflow's limit per log_batch call
 VIDEO_KEY = "video/policy"

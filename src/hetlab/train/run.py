@@ -49,14 +49,14 @@ class EpisodeWindow:
 
     def row(self) -> dict[str, float]:
         """The log row's episode columns; task metrics as `episode/<name>`."""
-        return {"mean_reward": mean(self.returns), "episode_length": mean(self.lengths),
+        return {"mean_return": mean(self.returns), "episode_length": mean(self.lengths),
                 **{f"episode/{name}": mean(values) for name, values in self.metrics.items()}}
 
 
 def reached(target_return: float | None, episode_columns: dict[str, float]) -> bool:
     """Whether the mean return of the last 100 episodes reached `--target-return` (never before
     an episode has ended)."""
-    return target_return is not None and episode_columns["mean_reward"] >= target_return
+    return target_return is not None and episode_columns["mean_return"] >= target_return
 
 
 @contextmanager
@@ -78,7 +78,9 @@ class RunRecord:
     def __init__(self, run_dir: Path, cfg, first_iteration: int = 0):
         self.run_dir, self.cfg = run_dir, cfg
         self.first_iteration = first_iteration
-        self.history = [row for row in _read_json(run_dir / "history.json", []) if row["iteration"] < first_iteration]
+        # Rows of runs from before the column was named for what it is (a return) say mean_reward.
+        self.history = [{("mean_return" if key == "mean_reward" else key): value for key, value in row.items()}
+                        for row in _read_json(run_dir / "history.json", []) if row["iteration"] < first_iteration]
         self._earlier_rows = len(self.history)
         previous = _read_json(run_dir / "summary.json", {}) if first_iteration else {}
         self.sessions: list[dict] = previous.get("sessions", [])
@@ -104,7 +106,7 @@ class RunRecord:
             logger.scalars(scalars, row["env_steps"])
         console.print(
             f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
-            f"return {row['mean_reward']:8.3f} | "
+            f"return {row['mean_return']:8.3f} | "
             f"ep len {row['episode_length']:6.1f} | lag {row['policy_lag']:4.1f} | "
             f"learner {row['learner_utilisation']:4.0%} | collectors {row['collector_utilisation']:4.0%}"
             + "".join(f" | {key.removeprefix('episode/')} {value:.2f}" for key, value in row.items()
@@ -148,7 +150,7 @@ class RunRecord:
             "stopped_by": stopped_by,
         }
         self.sessions.append(session)
-        rewards = [row["mean_reward"] for row in history if row["mean_reward"] == row["mean_reward"]]
+        returns = [row["mean_return"] for row in history if row["mean_return"] == row["mean_return"]]
         summary = {
             "task": cfg.task,
             "algo": cfg.algo,
@@ -158,8 +160,8 @@ class RunRecord:
             "env_steps": history[-1]["env_steps"] if history else 0,
             "wall_seconds": self.wall_offset + wall,
             "env_steps_per_s": session["env_steps_per_s"],  # this launch's: earlier ones may have run elsewhere
-            "mean_reward_first": rewards[0] if rewards else None,
-            "mean_reward_last": rewards[-1] if rewards else None,
+            "mean_return_first": returns[0] if returns else None,
+            "mean_return_last": returns[-1] if returns else None,
             **_episode_metrics_first_last(history),
             "policy_lag_mean": mean([row["policy_lag"] for row in history]),
             "learner_idle_fraction": self.timeline.fraction("learner", ("wait_data",)),
@@ -204,7 +206,7 @@ def _plot_reward(path: Path, history: list[dict], title: str) -> None:
     evaluated = [row for row in history if "eval/return" in row]
     for ax, x, label in ((axes[0], "env_steps", "env steps"), (axes[1], "wall_seconds", "wall-clock minutes")):
         scale = 1 / 60 if x == "wall_seconds" else 1
-        ax.plot([row[x] * scale for row in history], [row["mean_reward"] for row in history],
+        ax.plot([row[x] * scale for row in history], [row["mean_return"] for row in history],
                 label="training episodes (mean return of the last 100)")
         if evaluated:
             ax.plot([row[x] * scale for row in evaluated], [row["eval/return"] for row in evaluated], "o-",
@@ -224,8 +226,8 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title="run summary", show_header=False)
-    for key in ("stopped_by", "iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_reward_first",
-                "mean_reward_last", "policy_lag_mean", "learner_idle_fraction"):
+    for key in ("stopped_by", "iterations", "env_steps", "wall_seconds", "env_steps_per_s", "mean_return_first",
+                "mean_return_last", "policy_lag_mean", "learner_idle_fraction"):
         value = summary[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     console.print(table)
