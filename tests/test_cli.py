@@ -52,7 +52,9 @@ def test_bench_sim_json_has_the_promised_keys_and_consistent_efficiency():
     rounds = result["per_round"]
     for env, phys, eff in zip(rounds["env_steps_per_s"], rounds["physics_steps_per_s"], rounds["task_efficiency"]):
         assert eff == pytest.approx(env * result["substeps"] / phys)
-    assert 0.0 < result["task_efficiency"] <= 1.2  # the task cannot be much faster than its own physics
+    # The task cannot be much faster than its own physics; the bound leaves room for another job
+    # sharing the cores between a round's two measurements (a wrong substep count gives ≥ 2 or ≤ 0.3).
+    assert 0.0 < result["task_efficiency"] <= 1.5
     # Go1's task layer is about a tenth of its loop (measured: 0.87–0.93 of it in physics).
     assert all(0.5 < share < 1.0 for share in rounds["physics_share"]), rounds["physics_share"]
 
