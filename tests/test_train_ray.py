@@ -26,6 +26,9 @@ from hetlab.train.launch import train as train_in_process
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+# One xdist worker runs them all, one after another: killing "a collector" finds the actors by
+# process name, which would also find another Ray test's.
+pytestmark = pytest.mark.xdist_group("ray")
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_PPO = ["--algo", "ppo", "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
 # The off-policy learning test's SAC case (tests/test_train_off_policy_learning.py), as options.
