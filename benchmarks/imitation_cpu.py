@@ -1,14 +1,16 @@
 """The imitation half end to end on a CPU machine, as the README reports it:
 
     .venv/bin/python benchmarks/imitation_cpu.py [--dataset datasets/aloha-120x160-fast] [--phase-a RUN]
-        [--val-seeds 1000-1019] [--eval-seeds 2000-2049] [--study-steps 2000] [--skip-study]
+        [--steps N] [--val-seeds 1000-1019] [--eval-seeds 2000-2049] [--study-steps 2000] [--skip-study]
 
 1. records the 50-episode cube-transfer dataset at 120×160, render quality fast (kept if complete);
-2. trains Phase A with the `cpu` preset on episodes 0–39, keeping every checkpoint (or takes --phase-a RUN);
-3. the success-vs-steps curve: each kept checkpoint evaluated closed loop on the validation seeds
-   --val-seeds, which pick the checkpoint (the evaluation seeds never do);
-4. the picked checkpoint and the last one on the held-out --eval-seeds: open-loop chunks, a new
-   chunk every 25 steps, and ACT's temporal ensembling (m = 0.01, a new chunk every --ensemble-every steps);
+2. trains Phase A with the `cpu` preset on episodes 0–39 (--steps of them), keeping every checkpoint
+   (or takes --phase-a RUN);
+3. the success-vs-steps curve: each kept checkpoint evaluated closed loop (--decode) on the
+   validation seeds --val-seeds, which pick the checkpoint (the evaluation seeds never do);
+4. the picked checkpoint and the last one on the held-out --eval-seeds, in each decoding the run
+   allows: open-loop chunks, a new chunk every 25 steps, and ACT's temporal ensembling (m = 0.01,
+   a new chunk every --ensemble-every steps);
 5. the reduced Phase-B study on the same seeds: learner, L1–L4 INT8, cache, one training seed.
 Each step is a `hetlab` command (run alone: other jobs change the times); finished steps are reused.
 Writes runs/benchmarks/imitation_cpu.{json,md} and success_vs_steps.png.
@@ -26,6 +28,9 @@ from pathlib import Path
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--dataset", type=Path, default=Path("datasets/aloha-120x160-fast"))
 parser.add_argument("--phase-a", type=Path, help="an existing Phase-A run (trained with --keep-checkpoints 0)")
+parser.add_argument("--steps", type=int, help="Phase-A steps; default the preset's (16,000: ~1.5 h on a 2-core AMD EPYC)")
+parser.add_argument("--decode", choices=("autoregressive", "parallel"), default="autoregressive",
+                    help="how the validation curve's policies generate chunks")
 parser.add_argument("--val-seeds", default="1000-1019")
 parser.add_argument("--eval-seeds", default="2000-2049")
 parser.add_argument("--ensemble-every", type=int, default=1)
@@ -67,22 +72,26 @@ run("aloha", "record", "--episodes", "50", "--out", str(args.dataset), "--height
 phase_a = args.phase_a
 if phase_a is None:
     phase_a = Path(run("aloha", "train", "--dataset", str(args.dataset), "--preset", "cpu", "--keep-checkpoints", "0",
-                       "--runs-dir", "runs").splitlines()[0])
+                       "--runs-dir", "runs", *(["--steps", str(args.steps)] if args.steps else [])).splitlines()[0])
 history = [json.loads(line) for line in (phase_a / "history.jsonl").read_text().splitlines()]
 report["phase_a"] = {"run": str(phase_a), "steps": history[-1]["step"], "wall_s": history[-1]["wall_s"],
                      "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"]}
 
 steps = sorted(int(p.name.partition("-")[0]) for p in (phase_a / "checkpoints").iterdir() if p.name[0].isdigit())
-curve = [(step, evaluation(phase_a, args.val_seeds, step=step)) for step in steps]
+curve = [(step, evaluation(phase_a, args.val_seeds, "--decode", args.decode, step=step)) for step in steps]
 report["curve"] = [{"step": step, "wall_s": next(r["wall_s"] for r in history if r["step"] >= step),
                     "successes": r["successes"], "episodes": r["episodes"], "wilson95": r["wilson95"]}
                    for step, r in curve]
 
 picked = max(curve, key=lambda point: (point[1]["successes"], point[0]))[0]  # the latest of the best
 report["picked_step"] = picked
-modes = {"open loop (chunk of 100)": (), "new chunk every 25 steps": ("--replan-every", "25"),
-         f"temporal ensembling m=0.01, new chunk every {args.ensemble_every}":
-             ("--temporal-ensemble", "0.01", "--replan-every", str(args.ensemble_every))}
+# Parallel decoding needs a run trained with every history input maskable (the cpu preset's).
+maskable = json.loads((phase_a / "config.json").read_text())["model"].get("max_history_mask", 0.5) >= 1
+modes = {f"{decode}, {mode}": ("--decode", decode, *options)
+         for decode in ("autoregressive", "parallel")[:1 + maskable]
+         for mode, options in {"open loop (chunk of 100)": (), "new chunk every 25 steps": ("--replan-every", "25"),
+                               f"temporal ensembling m=0.01, new chunk every {args.ensemble_every}":
+                                   ("--temporal-ensemble", "0.01", "--replan-every", str(args.ensemble_every))}.items()}
 report["held_out"] = {f"step {step}, {mode}": evaluation(phase_a, args.eval_seeds, *options, step=step)
                       for step in dict.fromkeys((picked, steps[-1])) for mode, options in modes.items()}
 
@@ -101,7 +110,7 @@ rows = report["curve"]
 axis.errorbar([r["step"] for r in rows], [100 * r["successes"] / r["episodes"] for r in rows],
               yerr=[[100 * (r["successes"] / r["episodes"] - r["wilson95"][0]) for r in rows],
                     [100 * (r["wilson95"][1] - r["successes"] / r["episodes"]) for r in rows]], marker="o", capsize=3)
-axis.set(xlabel="Phase-A step (batch 8)", ylabel=f"success on validation seeds {args.val_seeds} (%)", ylim=(0, 100),
+axis.set(xlabel="Phase-A step (batch 8)", ylabel=f"success on {args.val_seeds} (%), {args.decode}", ylim=(0, 100),
          title="cpu preset: closed-loop success along training")
 axis.grid(alpha=0.3)
 figure.tight_layout()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,6 +12,7 @@ import torch
 
 from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, eval_env, evaluate
 from hetlab.measure.stats import wilson_interval
+from hetlab.imitation import phase_a
 from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
 from hetlab.cli import main
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
@@ -100,10 +102,12 @@ class ChunkCounter:
 
     def __init__(self):
         self.generated = 0
+        self.decodes: set[str] = set()
 
-    def act(self, images, state, steps):
+    def act(self, images, state, steps, decode):
         planned = 100.0 * self.generated + np.arange(steps, dtype=np.float32)
         self.generated += 1
+        self.decodes.add(decode)
         return torch.from_numpy(np.repeat(planned[None, :, None], 2, axis=2))
 
 
@@ -115,6 +119,9 @@ def actions_of(policy: ChunkPolicy, steps: int) -> list[float]:
 def test_chunks_run_in_turn_or_replan_every_few_steps():
     assert actions_of(ChunkPolicy(ChunkCounter(), 0), 7) == [0, 1, 2, 3, 4, 100, 101]
     assert actions_of(ChunkPolicy(ChunkCounter(), 2), 5) == [0, 1, 100, 101, 200]
+    model = ChunkCounter()
+    assert actions_of(ChunkPolicy(model, 0, decode="parallel"), 6) == [0, 1, 2, 3, 4, 100]
+    assert model.decodes == {"parallel"}
 
 
 def test_temporal_ensembling_weights_the_running_chunks_as_act_does():
@@ -137,6 +144,22 @@ def test_evaluation_records_temporal_ensembling_and_refuses_a_negative_weight(ru
     assert saved["temporal_ensemble"] == 0.01 and saved["replan_every"] == 4 and report["episodes"] == 1
     with pytest.raises(UserError, match="--temporal-ensemble must be ≥ 0"):
         evaluate(EvalConfig(run=run, seeds="2000", temporal_ensemble=-1.0, out=tmp_path / "bad"))
+
+
+def test_parallel_decoding_needs_a_run_trained_with_every_history_input_maskable(run, tiny_aloha_dataset, tmp_path,
+                                                                                   monkeypatch):
+    with pytest.raises(UserError, match=r"--decode parallel masks every history input, which .* never saw in "
+                                        r"training \(max_history_mask 0.5\); use --decode autoregressive"):
+        evaluate(EvalConfig(run=run, seeds="2000", decode="parallel", out=tmp_path / "refused"))
+    assert not (tmp_path / "refused").exists()
+    tiny = phase_a.PRESETS["tiny"]
+    monkeypatch.setitem(phase_a.PRESETS, "tiny",
+                        dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, max_history_mask=1.0)))
+    maskable = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=2,
+                                          loader_workers=0, runs_dir=tmp_path / "runs"))
+    report = evaluate(EvalConfig(run=maskable, seeds="2000", workers=1, videos=0, max_steps=12, decode="parallel",
+                                 out=tmp_path / "parallel"))
+    assert report["episodes"] == 1 and json.loads((tmp_path / "parallel" / "results.json").read_text())["decode"] == "parallel"
 
 
 def test_a_kept_checkpoint_is_evaluated_by_its_step(run, tmp_path):

@@ -251,6 +251,27 @@ def test_generation_with_the_kv_cache_equals_teacher_forcing_on_its_own_outputs(
     torch.testing.assert_close(short, generated[:, :3], atol=1e-5, rtol=0)
 
 
+def test_parallel_generation_is_one_pass_with_every_history_input_masked(small_model):
+    with torch.no_grad():
+        small_model.action_expert.head.weight.mul_(20)
+    images, state = inputs(batch=4)
+    hidden = torch.ones(4, SMALL.chunk, dtype=torch.bool)
+    hidden[:, 0] = False  # the start token
+    with torch.no_grad():
+        tokens = small_model.visual(images, state)
+        parallel = small_model.action_expert.generate(tokens, decode="parallel")
+        # Whatever the history holds, masked it changes nothing.
+        masked = small_model.action_expert(tokens, 5 * torch.randn(4, SMALL.chunk, SMALL.action_dim), hidden)
+        autoregressive = small_model.action_expert.generate(tokens)
+        short = small_model.action_expert.generate(tokens, steps=3, decode="parallel")
+    assert parallel.shape == (4, SMALL.chunk, SMALL.action_dim)
+    torch.testing.assert_close(parallel, masked, atol=1e-5, rtol=0)
+    assert not torch.allclose(parallel, autoregressive, atol=1e-2)  # the fed-back history mattered there
+    torch.testing.assert_close(short, parallel[:, :3], atol=1e-5, rtol=0)  # causal: a prefix is the prefix
+    torch.testing.assert_close(small_model.act(images, state, decode="parallel"),
+                               small_model.action_expert.unnormalise(parallel))
+
+
 def test_act_unnormalises_the_generated_chunk(small_model):
     images, state = inputs()
     mean, std = torch.linspace(-1, 1, 14), torch.linspace(0.5, 2, 14)

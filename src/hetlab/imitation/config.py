@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 
@@ -19,6 +19,9 @@ from hetlab.offload.config import QuantiseConfig
 # Where Phase B's visual encoder runs: all on the learner, its prefix up to layer k offloaded (Lk), or
 # read from a feature cache.
 CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")
+# How the action expert generates a chunk (hetlab.policies.ar_actor): one action per pass, each fed
+# back as history, or all in one pass with every history input masked.
+Decode = Literal["autoregressive", "parallel"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +37,9 @@ class EvalConfig:
     # ACT's temporal ensembling: each step's action is the mean of every running chunk's action for
     # it, chunk i (0 = the oldest) weighted exp(−m·i); ACT's m is 0.01. None: the newest chunk alone.
     temporal_ensemble: float | None = None
+    # autoregressive: each action fed back as the next one's history; parallel: the chunk in one pass
+    # with every history input masked (ACT's decoding; for runs trained with max_history_mask 1).
+    decode: Decode = "autoregressive"
     max_steps: int = EPISODE_STEPS  # steps per episode: the task's 400, or fewer for a quick look
     checkpoint: int | None = None  # the step of a kept checkpoint (RUN/checkpoints); default the newest
     out: Path | None = None  # results directory; default RUN/eval/<seeds> (<seeds>-step<N> with --checkpoint)

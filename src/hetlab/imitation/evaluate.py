@@ -4,8 +4,8 @@ One spawned worker process per core, each with its own MuJoCo renderer and a one
 of the policy, takes seeds from a queue; an episode ends at the first success (gym-aloha's
 top reward: the left gripper holds the cube in the air) or after 400 steps. Every episode
 depends only on its seed, so the results are the same for any number of workers. The policy
-generates a chunk of actions from the current image and state every `replan_every` steps; it
-executes the newest chunk's actions in turn, or, with ACT's temporal ensembling, at each step a
+generates a chunk of actions from the current image and state every `replan_every` steps (one
+action per decoder pass, or all in one pass: see hetlab.policies.ar_actor); it executes the newest chunk's actions in turn, or, with ACT's temporal ensembling, at each step a
 weighted mean of what every chunk still running planned for that step.
 """
 
@@ -25,10 +25,11 @@ from hetlab.checkpoint import checkpoint_dir, checkpoint_iteration
 from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
-from hetlab.imitation.config import EvalConfig
+from hetlab.imitation.config import Decode, EvalConfig
 from hetlab.imitation.phase_a import load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
+from hetlab.policies.ar_actor import ARActorConfig
 from hetlab.runtime.workers import WorkerPool
 from hetlab.seeds import parse_seeds
 
@@ -39,8 +40,9 @@ class ChunkPolicy:
     """Acts from a chunk generated every `replan_every` steps (see the module docstring); with
     `temporal_ensemble` m, from the exp(−m·i)-weighted mean of the running chunks' actions."""
 
-    def __init__(self, model, replan_every: int, temporal_ensemble: float | None = None):
-        self.model, self.ensemble, chunk = model, temporal_ensemble, model.cfg.chunk
+    def __init__(self, model, replan_every: int, temporal_ensemble: float | None = None,
+                 decode: Decode = "autoregressive"):
+        self.model, self.ensemble, self.decode, chunk = model, temporal_ensemble, decode, model.cfg.chunk
         self.replan_every = replan_every or (1 if temporal_ensemble is not None else chunk)
         # Without ensembling only the steps up to the next chunk are ever executed.
         self.steps = chunk if temporal_ensemble is not None else self.replan_every
@@ -53,7 +55,7 @@ class ChunkPolicy:
     def __call__(self, image: np.ndarray, state: np.ndarray) -> np.ndarray:
         if self.step % self.replan_every == 0:
             images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
-            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps)
+            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps, decode=self.decode)
             self.chunks.append((self.step, chunk[0].numpy()))
         self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
         planned = np.stack([actions[self.step - start] for start, actions in self.chunks])
@@ -123,9 +125,9 @@ class _EpisodeRunner:
     """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
 
     def __init__(self, run: Path, step: int, config: dict, replan_every: int, temporal_ensemble: float | None,
-                 max_steps: int, video_seeds: set[int], video_dir: Path):
+                 decode: Decode, max_steps: int, video_seeds: set[int], video_dir: Path):
         torch.set_num_threads(1)  # one worker per core
-        self.policy = ChunkPolicy(load_eval_policy(run, step), replan_every, temporal_ensemble)
+        self.policy = ChunkPolicy(load_eval_policy(run, step), replan_every, temporal_ensemble, decode)
         self.env = eval_env(config)
         self.max_steps, self.video_seeds, self.video_dir = max_steps, video_seeds, video_dir
 
@@ -147,6 +149,10 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
     if cfg.temporal_ensemble is not None and cfg.temporal_ensemble < 0:
         raise UserError(f"--temporal-ensemble must be ≥ 0 (ACT uses 0.01), got {cfg.temporal_ensemble}")
+    masked_share = ARActorConfig(**config["model"]).max_history_mask
+    if cfg.decode == "parallel" and masked_share < 1:
+        raise UserError(f"--decode parallel masks every history input, which {cfg.run} never saw in training "
+                        f"(max_history_mask {masked_share}); use --decode autoregressive")
     if cfg.videos < 0:
         raise UserError(f"--videos must be ≥ 0, got {cfg.videos}")
     if not 1 <= cfg.max_steps <= EPISODE_STEPS:
@@ -161,7 +167,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     video_dir = out / "videos"
     video_dir.mkdir(parents=True, exist_ok=True)
     workers = min(cfg.workers or os.cpu_count() or 1, len(seeds))
-    runner = (Path(cfg.run), step, config, cfg.replan_every, cfg.temporal_ensemble, cfg.max_steps,
+    runner = (Path(cfg.run), step, config, cfg.replan_every, cfg.temporal_ensemble, cfg.decode, cfg.max_steps,
               set(seeds[:cfg.videos]), video_dir)
     started = time.perf_counter()
     per_seed: list[dict] = []
@@ -176,7 +182,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     low, high = wilson_interval(successes, len(per_seed))
     replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config["model"]["chunk"])
     report = {"run": str(cfg.run), "step": step, "seeds": cfg.seeds, "replan_every": replan_every,
-              "temporal_ensemble": cfg.temporal_ensemble, "max_steps": cfg.max_steps,
+              "temporal_ensemble": cfg.temporal_ensemble, "decode": cfg.decode, "max_steps": cfg.max_steps,
               "held_out": held_out,
               "episodes": len(per_seed), "successes": successes, "success_rate": successes / len(per_seed),
               "wilson95": [low, high], "per_seed": per_seed}

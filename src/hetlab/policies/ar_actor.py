@@ -13,7 +13,8 @@ x_1..x_L can rebuild all K/V: the offload boundary k (`encode_prefix` on the acc
 embedding of action t−1 (a learned start token at t = 0); training uses teacher forcing with a
 random share of those history inputs replaced by a learned mask token, so the expert learns not
 to lean on its own past outputs; inference generates the chunk one action at a time with a
-key/value cache.
+key/value cache ("autoregressive"), or, for a model trained with every history input maskable
+(`max_history_mask` 1), in one pass with all of them masked ("parallel", as ACT decodes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetlab.errors import UserError
+from hetlab.imitation.config import Decode
 from hetlab.policies.resnet import ResNet18
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -234,11 +236,18 @@ class ActionExpert(nn.Module):
         return self.head(x)
 
     @torch.no_grad()
-    def generate(self, layer_tokens: list[torch.Tensor], steps: int | None = None) -> torch.Tensor:
-        """Autoregressive normalised chunk (B, steps, action_dim), one action per decoder pass."""
+    def generate(self, layer_tokens: list[torch.Tensor], steps: int | None = None,
+                 decode: Decode = "autoregressive") -> torch.Tensor:
+        """Normalised chunk (B, steps, action_dim): one action per decoder pass, each fed back as
+        the next history input, or ("parallel") all in one pass with every history input masked."""
         steps = self.cfg.chunk if steps is None else steps
         if not 1 <= steps <= self.cfg.chunk:
             raise ValueError(f"generate 1..{self.cfg.chunk} actions (the chunk), not {steps}")
+        if decode == "parallel":
+            batch = layer_tokens[0].shape[0]
+            masked = torch.ones(batch, steps, dtype=torch.bool)
+            masked[:, 0] = False  # the start token, never masked in training either
+            return self(layer_tokens, layer_tokens[0].new_zeros(batch, steps, self.cfg.action_dim), masked)
         memories = self.memories(layer_tokens)
         caches: list[list[torch.Tensor]] = [[] for _ in self.layers]
         x = self.start_token.expand(layer_tokens[0].shape[0], 1, -1)
@@ -284,9 +293,10 @@ class ARActor(nn.Module):
         return self.action_expert(self.visual(images, state), self.action_expert.normalise(actions), history_mask)
 
     @torch.no_grad()
-    def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+    def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None,
+            decode: Decode = "autoregressive") -> torch.Tensor:
         """Raw action chunk (B, steps, action_dim) for raw images [0, 1] and raw state."""
-        return self.action_expert.unnormalise(self.action_expert.generate(self.visual(images, state), steps))
+        return self.action_expert.unnormalise(self.action_expert.generate(self.visual(images, state), steps, decode))
 
 
 def chunk_l1(predicted: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor) -> torch.Tensor:
