@@ -102,12 +102,12 @@ class ChunkCounter:
 
     def __init__(self):
         self.generated = 0
-        self.decodes: set[str] = set()
+        self.parallel: set[bool] = set()
 
-    def act(self, images, state, steps, decode):
+    def act(self, images, state, steps, parallel):
         planned = 100.0 * self.generated + np.arange(steps, dtype=np.float32)
         self.generated += 1
-        self.decodes.add(decode)
+        self.parallel.add(parallel)
         return torch.from_numpy(np.repeat(planned[None, :, None], 2, axis=2))
 
 
@@ -121,7 +121,7 @@ def test_chunks_run_in_turn_or_replan_every_few_steps():
     assert actions_of(ChunkPolicy(ChunkCounter(), 2), 5) == [0, 1, 100, 101, 200]
     model = ChunkCounter()
     assert actions_of(ChunkPolicy(model, 0, decode="parallel"), 6) == [0, 1, 2, 3, 4, 100]
-    assert model.decodes == {"parallel"}
+    assert model.parallel == {True}
 
 
 def test_temporal_ensembling_weights_the_running_chunks_as_act_does():

@@ -259,16 +259,16 @@ def test_parallel_generation_is_one_pass_with_every_history_input_masked(small_m
     hidden[:, 0] = False  # the start token
     with torch.no_grad():
         tokens = small_model.visual(images, state)
-        parallel = small_model.action_expert.generate(tokens, decode="parallel")
+        parallel = small_model.action_expert.generate(tokens, parallel=True)
         # Whatever the history holds, masked it changes nothing.
         masked = small_model.action_expert(tokens, 5 * torch.randn(4, SMALL.chunk, SMALL.action_dim), hidden)
         autoregressive = small_model.action_expert.generate(tokens)
-        short = small_model.action_expert.generate(tokens, steps=3, decode="parallel")
+        short = small_model.action_expert.generate(tokens, steps=3, parallel=True)
     assert parallel.shape == (4, SMALL.chunk, SMALL.action_dim)
     torch.testing.assert_close(parallel, masked, atol=1e-5, rtol=0)
     assert not torch.allclose(parallel, autoregressive, atol=1e-2)  # the fed-back history mattered there
     torch.testing.assert_close(short, parallel[:, :3], atol=1e-5, rtol=0)  # causal: a prefix is the prefix
-    torch.testing.assert_close(small_model.act(images, state, decode="parallel"),
+    torch.testing.assert_close(small_model.act(images, state, parallel=True),
                                small_model.action_expert.unnormalise(parallel))
 
 

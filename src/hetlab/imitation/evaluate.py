@@ -55,7 +55,8 @@ class ChunkPolicy:
     def __call__(self, image: np.ndarray, state: np.ndarray) -> np.ndarray:
         if self.step % self.replan_every == 0:
             images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
-            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps, decode=self.decode)
+            chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps,
+                                   parallel=self.decode == "parallel")
             self.chunks.append((self.step, chunk[0].numpy()))
         self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
         planned = np.stack([actions[self.step - start] for start, actions in self.chunks])

@@ -50,7 +50,7 @@ from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, H
 from hetlab.offload.prefetch import Prefetcher
 from hetlab.offload.quantise import QuantiseConfig
 from hetlab.run_meta import record_launch
-from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, Decode, chunk_l1, random_history_mask
+from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 
@@ -163,12 +163,12 @@ class PhaseBPolicy:
 
     @torch.no_grad()
     def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None,
-            decode: Decode = "autoregressive") -> torch.Tensor:
+            parallel: bool = False) -> torch.Tensor:
         if self.backend is None:
             layer_tokens = self.visual(images, state)
         else:
             layer_tokens = self.visual.encode_rest(self.backend.run(images, state), self.boundary)
-        return self.action_expert.unnormalise(self.action_expert.generate(layer_tokens, steps, decode))
+        return self.action_expert.unnormalise(self.action_expert.generate(layer_tokens, steps, parallel))
 
 
 def load_phase_b_policy(run_dir: Path, step: int | None = None) -> PhaseBPolicy:

@@ -13,8 +13,8 @@ x_1..x_L can rebuild all K/V: the offload boundary k (`encode_prefix` on the acc
 embedding of action t−1 (a learned start token at t = 0); training uses teacher forcing with a
 random share of those history inputs replaced by a learned mask token, so the expert learns not
 to lean on its own past outputs; inference generates the chunk one action at a time with a
-key/value cache ("autoregressive"), or, for a model trained with every history input maskable
-(`max_history_mask` 1), in one pass with all of them masked ("parallel", as ACT decodes).
+key/value cache, or, for a model trained with every history input maskable (`max_history_mask`
+1), in one pass with all of them masked (`parallel`, as ACT decodes).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetlab.errors import UserError
-from hetlab.imitation.config import Decode
 from hetlab.policies.resnet import ResNet18
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -237,13 +236,13 @@ class ActionExpert(nn.Module):
 
     @torch.no_grad()
     def generate(self, layer_tokens: list[torch.Tensor], steps: int | None = None,
-                 decode: Decode = "autoregressive") -> torch.Tensor:
+                 parallel: bool = False) -> torch.Tensor:
         """Normalised chunk (B, steps, action_dim): one action per decoder pass, each fed back as
-        the next history input, or ("parallel") all in one pass with every history input masked."""
+        the next history input, or (`parallel`) all in one pass with every history input masked."""
         steps = self.cfg.chunk if steps is None else steps
         if not 1 <= steps <= self.cfg.chunk:
             raise ValueError(f"generate 1..{self.cfg.chunk} actions (the chunk), not {steps}")
-        if decode == "parallel":
+        if parallel:
             batch = layer_tokens[0].shape[0]
             masked = torch.ones(batch, steps, dtype=torch.bool)
             masked[:, 0] = False  # the start token, never masked in training either
@@ -294,9 +293,9 @@ class ARActor(nn.Module):
 
     @torch.no_grad()
     def act(self, images: torch.Tensor, state: torch.Tensor, steps: int | None = None,
-            decode: Decode = "autoregressive") -> torch.Tensor:
+            parallel: bool = False) -> torch.Tensor:
         """Raw action chunk (B, steps, action_dim) for raw images [0, 1] and raw state."""
-        return self.action_expert.unnormalise(self.action_expert.generate(self.visual(images, state), steps, decode))
+        return self.action_expert.unnormalise(self.action_expert.generate(self.visual(images, state), steps, parallel))
 
 
 def chunk_l1(predicted: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor) -> torch.Tensor:
