@@ -5,8 +5,9 @@ of the policy, takes seeds from a queue; an episode ends at the first success (g
 top reward: the left gripper holds the cube in the air) or after 400 steps. Every episode
 depends only on its seed, so the results are the same for any number of workers. The policy
 generates a chunk of actions from the current image and state every `replan_every` steps (one
-action per decoder pass, or all in one pass: see hetlab.policies.ar_actor); it executes the newest chunk's actions in turn, or, with ACT's temporal ensembling, at each step a
-weighted mean of what every chunk still running planned for that step.
+action per decoder pass, or all in one pass: see hetlab.policies.ar_actor); it executes the
+newest chunk's actions in turn, or, with ACT's temporal ensembling, at each step a weighted mean
+of what every chunk still running planned for that step.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class ChunkPolicy:
 
     def __init__(self, model, replan_every: int, temporal_ensemble: float | None = None,
                  decode: Decode = "autoregressive"):
-        self.model, self.ensemble, self.decode, chunk = model, temporal_ensemble, decode, model.cfg.chunk
+        self.model, self.ensemble, chunk = model, temporal_ensemble, model.cfg.chunk
+        self.parallel = decode == "parallel"
         self.replan_every = replan_every or (1 if temporal_ensemble is not None else chunk)
         # Without ensembling only the steps up to the next chunk are ever executed.
         self.steps = chunk if temporal_ensemble is not None else self.replan_every
@@ -56,7 +58,7 @@ class ChunkPolicy:
         if self.step % self.replan_every == 0:
             images = torch.from_numpy(image).permute(2, 0, 1)[None].float().div_(255)
             chunk = self.model.act(images, torch.from_numpy(state).float()[None], steps=self.steps,
-                                   parallel=self.decode == "parallel")
+                                   parallel=self.parallel)
             self.chunks.append((self.step, chunk[0].numpy()))
         self.chunks = [(start, actions) for start, actions in self.chunks if self.step - start < len(actions)]
         planned = np.stack([actions[self.step - start] for start, actions in self.chunks])
@@ -150,8 +152,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
     if cfg.temporal_ensemble is not None and cfg.temporal_ensemble < 0:
         raise UserError(f"--temporal-ensemble must be ≥ 0 (ACT uses 0.01), got {cfg.temporal_ensemble}")
-    masked_share = ARActorConfig(**config["model"]).max_history_mask
-    if cfg.decode == "parallel" and masked_share < 1:
+    if cfg.decode == "parallel" and (masked_share := ARActorConfig(**config["model"]).max_history_mask) < 1:
         raise UserError(f"--decode parallel masks every history input, which {cfg.run} never saw in training "
                         f"(max_history_mask {masked_share}); use --decode autoregressive")
     if cfg.videos < 0:
