@@ -122,11 +122,10 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
 
 
 def test_the_learning_rate_falls_over_the_last_share_of_the_steps(tiny_aloha_dataset, tmp_path):
-    preset = dataclasses.replace(TINY, steps=100, lr=1e-3, lr_decay=0.25)
-    rates = [phase_a.learning_rate(step, preset) for step in range(100)]
+    rates = [phase_a.learning_rate(step, 1e-3, 0.25, 100) for step in range(100)]
     assert rates[:75] == [1e-3] * 75 and rates[75] == 1e-3
     assert all(a > b > 0 for a, b in zip(rates[75:], rates[76:])) and rates[-1] == pytest.approx(1e-3 / 25)
-    assert phase_a.learning_rate(99, dataclasses.replace(preset, lr_decay=0.0)) == 1e-3
+    assert phase_a.learning_rate(99, 1e-3, 0.0, 100) == 1e-3
 
     run = tiny_run(tiny_aloha_dataset, tmp_path, 20, lr=1e-3, lr_decay=0.5, image_shift=2)
     logged = {row["step"]: row["lr"] for row in read_history(run)}  # the rate of the step that ended the row

@@ -96,7 +96,9 @@ class BothPhasesOptions:
 
     steps: int | None = None  # optimizer steps; unset: the preset's (A) or 30,000 (B)
     batch: int = 8  # samples per optimizer step
-    lr: float | None = None  # learning rate; unset: the preset's (A) or 1e-5 (B)
+    lr: float | None = None  # learning rate; unset: the preset's (A) or the Phase-A run's (B)
+    # last share of the steps with a linearly falling learning rate; unset: the preset's (A) or the Phase-A run's (B)
+    lr_decay: float | None = None
     weight_decay: float = 1e-4  # AdamW weight decay
     grad_clip: float = 10.0  # gradient-norm clipping
     train_episodes: str = "0-39"  # episodes trained on; 40–49 stay held out for fidelity
@@ -117,7 +119,6 @@ class PhaseAOptions:
     preset: Literal["paper", "cpu", "tiny"] | None = None
     imagenet_weights: Path | None = None  # torchvision resnet18 weights for the backbone; unset: initialised at random
     image_shift: int | None = None  # augmentation: images moved by up to ± this many pixels; unset: the preset's
-    lr_decay: float | None = None  # last share of the steps with a linearly falling learning rate; unset: the preset's
     loader_workers: int = 0  # processes decoding video; 0 = in the training process (~1 ms a frame)
     # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
     keep_checkpoints: int | None = None

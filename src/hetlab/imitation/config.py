@@ -51,6 +51,8 @@ class StudyConfig:
     conditions: str = ",".join(CONDITIONS)  # comma-separated: learner, L1..L4 (encoder offloaded up to layer k), cache
     seeds: str = "2000,2001,2002"  # training seeds
     steps: int = 30_000  # Phase-B steps per condition and seed
+    lr: float | None = None  # Phase B's learning rate; unset: the Phase-A run's
+    lr_decay: float | None = None  # last share of the steps with a linearly falling rate; unset: the Phase-A run's
     eval_seeds: str = "2000-2049"  # environment seeds, held out from every training episode
     eval_workers: int = 0  # 0 = one per core
     eval_max_steps: int = EPISODE_STEPS  # steps per evaluation episode (the task's 400)
@@ -61,6 +63,7 @@ class StudyConfig:
     calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
     heldout_episodes: str = "40-49"  # fidelity is measured on these
     offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
+    cache_dtype: Literal["fp16", "int8"] = "fp16"  # how the cache condition stores features (int8: per-token scales)
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)  # how the offloaded prefixes are quantised to INT8
     power_interval: float = 1.0  # seconds between power samples
     power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)

@@ -118,11 +118,11 @@ class PhaseAConfig:
         return dataclasses.replace(preset, **{name: value for name, value in given.items() if value is not None})
 
 
-def learning_rate(step: int, preset: Preset) -> float:
-    """The rate of optimizer step `step`: the preset's, then falling linearly to 0 over the last
+def learning_rate(step: int, lr: float, lr_decay: float, steps: int) -> float:
+    """The rate of optimizer step `step` of `steps`: `lr`, then falling linearly to 0 over the last
     `lr_decay` share of the steps (a function of the step, so a resumed run follows it exactly)."""
-    decay_steps = preset.lr_decay * preset.steps
-    return preset.lr if decay_steps <= 0 else preset.lr * min(1.0, (preset.steps - step) / decay_steps)
+    decay_steps = lr_decay * steps
+    return lr if decay_steps <= 0 else lr * min(1.0, (steps - step) / decay_steps)
 
 
 def random_shift(images: torch.Tensor, pixels: int, generator: torch.Generator) -> torch.Tensor:
@@ -367,7 +367,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
                                            generator).to(images.device)
                 images = random_shift(images, preset.image_shift, generator)  # after the mask: Phase B draws it alike
                 for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(step, preset)
+                    group["lr"] = learning_rate(step, preset.lr, preset.lr_decay, preset.steps)
                 with autocast(device, cfg.precision):
                     predicted = forward(images, state_, actions, mask)
                 loss = chunk_l1(predicted.float(), model.action_expert.normalise(actions), is_pad)

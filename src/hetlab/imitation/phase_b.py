@@ -33,12 +33,12 @@ import numpy as np
 import torch
 
 from hetlab.imitation.config import CONDITIONS
-from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, load_run, load_weights,
-                                  open_dataset, read_run_config, run_render_quality, step_generator)
+from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, learning_rate, load_run,
+                                  load_weights, open_dataset, read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
-from hetlab.devices import pick_device
+from hetlab.devices import cpu_count, pick_device
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.measure.memory import peak_memory, reset_peak_memory
@@ -68,7 +68,8 @@ class PhaseBConfig:
     seed: int = 2000  # training seed: action-expert init, data order, masks, dropout
     steps: int | None = None  # default DEFAULT_STEPS; a resumed run keeps its own unless given
     batch: int = 8
-    lr: float = 1e-5
+    lr: float | None = None  # default: the Phase-A run's (the new expert trains as the first did)
+    lr_decay: float | None = None  # last share of the steps with a linearly falling rate; default: the Phase-A run's
     weight_decay: float = 1e-4
     grad_clip: float = 10.0
     train_episodes: str = "0-39"
@@ -108,8 +109,18 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
     for name in ("steps", "batch", "checkpoint_every", "prefetch"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(cfg, name)}")
-    if not cfg.lr > 0:
+    if cfg.lr is not None and not cfg.lr > 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.lr_decay is not None and not 0 <= cfg.lr_decay <= 1:
+        raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {cfg.lr_decay}")
+
+
+def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: dict) -> PhaseBConfig:
+    """`cfg` with the learning rate and its decay the Phase-A run `phase_a` (its config.json) trained
+    with, where the command line gave none."""
+    own = phase_a["phase_a"]
+    return dataclasses.replace(cfg, lr=own["lr"] if cfg.lr is None else cfg.lr,
+                               lr_decay=own.get("lr_decay", 0.0) if cfg.lr_decay is None else cfg.lr_decay)
 
 
 def resumed_config(cfg: PhaseBConfig) -> PhaseBConfig:
@@ -198,8 +209,11 @@ def _backend(cfg: PhaseBConfig, model: ARActor, learner_device: torch.device = t
         return None
     phase_a = read_run_config(cfg.from_run)
     image_size = tuple(phase_a["image_size"])
+    # ONNX Runtime sizes its thread pool by the machine's cores, not the ones this process may use
+    # (taskset, cgroups): on fewer, its threads would wait on each other.
     backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
-                           precision=cfg.offload_precision, quantise=cfg.quantise, learner_device=learner_device)
+                           precision=cfg.offload_precision, quantise=cfg.quantise, threads=cpu_count(),
+                           learner_device=learner_device)
     calibration = None
     if cfg.offload_precision == "int8":
         calibration = evenly_spaced_frames(Path(phase_a["phase_a"]["dataset"]), _episodes(cfg.calibration_episodes),
@@ -243,6 +257,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         cfg = dataclasses.replace(cfg, steps=DEFAULT_STEPS)
     model, phase_a, phase_a_step = frozen_encoder(cfg.from_run)
     validate(cfg, len(model.visual.layers))
+    cfg = with_phase_a_schedule(cfg, phase_a)
     first_step = state["step"] if state is not None else 0
     if first_step >= cfg.steps:
         raise UserError(f"{cfg.resume} has already trained {first_step} steps; pass --steps above {first_step} "
@@ -348,6 +363,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     else:
                         layer_tokens = visual(*inputs)
                 with learner.span("update"):
+                    for group in optimizer.param_groups:
+                        group["lr"] = learning_rate(step, cfg.lr, cfg.lr_decay, cfg.steps)
                     torch.manual_seed(dropout_seed(cfg.seed, step))
                     mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
                                                step_generator(cfg.seed, step)).to(torch_device)
@@ -364,10 +381,11 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                 timeline.add(step, "learner", learner.take())
                 step += 1
                 if step % 10 == 0 or step == cfg.steps:
-                    row = {"step": step, "loss": float(np.mean(window)),
+                    row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
                            "wall_s": wall_offset + time.perf_counter() - started}
                     history.append(row)
                     writer.add_scalar("train/loss", row["loss"], step)
+                    writer.add_scalar("train/lr", row["lr"], step)
                     window = []
                 if job is not None:
                     progress.update(job, completed=step)

@@ -37,7 +37,7 @@ from hetlab.imitation.config import CONDITIONS, EvalConfig, StudyConfig
 from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
 from hetlab.datasets.lerobot import load_info
 from hetlab.imitation.phase_a import check_recording, load_policy, read_run_config, run_render_quality
-from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
+from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b, with_phase_a_schedule
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
 from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, Fidelity, check_held_out, fidelity
@@ -123,7 +123,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     runs = []
     for seed in seeds:
         for condition in conditions:
-            phase_b, wanted, run_dir = condition_run(cfg, out, condition, seed, quantise)
+            phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise)
             # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
             started = _finished(run_dir / "checkpoint.json", wanted,
                                 lambda: run_settings(read_run_config(run_dir)["phase_b"]))
@@ -152,15 +152,17 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     return write_study_report(out, {"runs": runs, "fidelity": measured})
 
 
-def condition_run(cfg: StudyConfig, out: Path, condition: str, seed: int,
+def condition_run(cfg: StudyConfig, phase_a: dict, out: Path, condition: str, seed: int,
                   quantise: QuantiseConfig) -> tuple[PhaseBConfig, dict, Path]:
-    """The Phase-B run the study trains for a condition and seed, the settings that shape its results,
-    and its directory (named by them)."""
+    """The Phase-B run the study trains for a condition and seed from the Phase-A run `phase_a` (its
+    config.json), the settings that shape its results, and its directory (named by them)."""
     phase_b = PhaseBConfig(from_run=Path(cfg.from_run).resolve(), condition=condition, seed=seed, steps=cfg.steps,
-                           train_episodes=cfg.train_episodes, calibration_episodes=cfg.calibration_episodes,
-                           offload_device=cfg.offload_device, quantise=quantise, power_interval=cfg.power_interval,
+                           lr=cfg.lr, lr_decay=cfg.lr_decay, train_episodes=cfg.train_episodes,
+                           calibration_episodes=cfg.calibration_episodes, offload_device=cfg.offload_device,
+                           cache_dtype=cfg.cache_dtype, quantise=quantise, power_interval=cfg.power_interval,
                            power_command=cfg.power_command, power_pattern=cfg.power_pattern,
                            power_device=cfg.power_device)
+    phase_b = with_phase_a_schedule(phase_b, phase_a)  # as the run will store it
     wanted = run_settings(json.loads(json.dumps(dataclasses.asdict(phase_b), default=str)))
     return phase_b, wanted, out / f"{condition}-s{seed}-{digest(wanted)}"
 
