@@ -105,10 +105,21 @@ def test_a_resumed_run_ends_where_the_straight_one_does(phase_a_run, learner_run
     assert summary["steps"] == STEPS and summary["first_step"] == 2 and summary["samples"] == (STEPS - 2) * 8
     with pytest.raises(UserError, match=f"already trained {STEPS} steps; pass --steps above {STEPS}"):
         train_phase_b(PhaseBConfig(resume=first, steps=STEPS))
-    with pytest.raises(UserError, match="--lr asks for 0.001 where the run has 1e-05"):
-        train_phase_b(PhaseBConfig(resume=first, steps=STEPS + 2, lr=1e-3))
+    with pytest.raises(UserError, match="--lr asks for 0.01 where the run has 0.001"):
+        train_phase_b(PhaseBConfig(resume=first, steps=STEPS + 2, lr=1e-2))
     with pytest.raises(UserError, match="is a Phase-A run; resume it with --phase A"):
         train_phase_b(PhaseBConfig(resume=phase_a_run, steps=STEPS))
+
+
+def test_the_new_expert_trains_at_the_phase_a_rate_unless_told_falling_over_the_last_share(phase_a_run, learner_run,
+                                                                                         tmp_path):
+    phase_a = json.loads((phase_a_run / "config.json").read_text())["phase_a"]
+    assert json.loads((learner_run / "config.json").read_text())["phase_b"]["lr"] == phase_a["lr"]
+    decaying = train_phase_b(phase_b(phase_a_run, tmp_path / "decay", condition="learner", lr=2e-3, lr_decay=0.5))
+    saved = json.loads((decaying / "config.json").read_text())["phase_b"]
+    assert (saved["lr"], saved["lr_decay"]) == (2e-3, 0.5)
+    # The last of 4 steps, 1 step before the end of a 2-step decay: half the rate.
+    assert json.loads((decaying / "history.json").read_text())[-1]["lr"] == pytest.approx(1e-3)
 
 
 def test_the_learner_precision_is_the_one_asked_for(phase_a_run, learner_run, tmp_path):
@@ -128,6 +139,7 @@ def test_the_torch_offload_backend_runs_on_the_learner_device(phase_a_run):
 @pytest.mark.parametrize(("options", "message"), [
     ({"condition": "L5"}, "choose one of learner, L1, L2, L3, L4, cache"),
     ({"lr": 0.0}, "--lr must be > 0, got 0.0"),
+    ({"lr_decay": 1.5}, "--lr-decay is a share of the steps, from 0 to 1; got 1.5"),
     ({"steps": 0}, "--steps must be ≥ 1, got 0"),
     ({"condition": "L1", "offload_device": "ort:NoSuchExecutionProvider"}, "has no NoSuchExecutionProvider"),
     ({"condition": "L1", "calibration_episodes": "38-45"}, "both calibration and held-out"),

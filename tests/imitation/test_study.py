@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
 from hetlab.errors import UserError
 from hetlab.imitation.phase_b import train_phase_b
 from hetlab.imitation.study import StudyConfig, condition_run, run_study
@@ -27,7 +27,7 @@ def phase_a_run(tiny_aloha_dataset, tmp_path_factory):
 def study(phase_a_run, tmp_path_factory):
     """A finished study: its settings and report. Tests that change it work on a copy."""
     # The tiny dataset has episodes 0 and 1 only: train and calibrate on 0, hold out 1 for fidelity.
-    cfg = StudyConfig(from_run=phase_a_run, conditions="learner,L1,cache", seeds="2000", steps=3,
+    cfg = StudyConfig(from_run=phase_a_run, conditions="learner,L1,cache", cache_dtypes="fp16,int8", seeds="2000", steps=3,
                       eval_seeds="2000", eval_workers=1, eval_max_steps=12, train_episodes="0-1",
                       calibration_episodes="0", heldout_episodes="1", out=tmp_path_factory.mktemp("study") / "study")
     return cfg, run_study(cfg)
@@ -41,9 +41,15 @@ def files(out, pattern: str) -> dict:
 def test_study_trains_evaluates_reports_and_resumes(study):
     cfg, report = study
     text = report.read_text()
-    for condition in ("learner", "L1", "cache"):
+    for condition in ("learner", "L1", "cache", "cache-int8"):
         assert len(files(cfg.out, f"{condition}-s2000-*/summary.json")) == 1
         assert f"| {condition} " in text or f"| `{condition}` " in text
+    # The cache condition trained once per storage dtype; each is compared with learner-only, int8 with fp16 too.
+    dtypes = {path.parent.name.rpartition("-s2000")[0]: json.loads(path.read_text())["phase_b"]["cache_dtype"]
+              for path in cfg.out.glob("cache*/config.json")}
+    assert dtypes == {"cache": "fp16", "cache-int8": "int8"}
+    differences = text.split("### Differences, paired by episode")[1]
+    assert "| cache-int8 | learner | 1 |" in differences and "| cache-int8 | cache | 1 |" in differences
     assert "## " in text and "fidelity" in text.lower()
     for figure in ("time_breakdown.png", "success_rate.png", "peak_memory.png", "energy_per_sample.png"):
         assert (cfg.out / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -62,7 +68,7 @@ def test_other_settings_reuse_only_the_runs_they_match(study, tmp_path):
 
     # The quantisation shapes only the offloaded condition: the others are reused, L1 trained anew beside the old.
     after = files(out, "*/summary.json")
-    assert after.items() > summaries.items() and len(after) == 4  # nothing old overwritten, one run added
+    assert after.items() > summaries.items() and len(after) == 5  # nothing old overwritten, one run added
     offloaded = sorted(out.glob("L1-s2000-*/config.json"))
     assert len(offloaded) == 2
     methods = {json.loads(path.read_text())["phase_b"]["quantise"]["method"] for path in offloaded}
@@ -70,7 +76,7 @@ def test_other_settings_reuse_only_the_runs_they_match(study, tmp_path):
     # Every run asked for is evaluated again for the new episode length; the old evaluations stay as they were.
     new_evaluations = {path: stamp for path, stamp in files(out, "*/eval/*/results.json").items()
                        if path not in evaluations}
-    assert len(new_evaluations) == 3
+    assert len(new_evaluations) == 4
     assert {json.loads(path.read_text())["max_steps"] for path in new_evaluations} == {8}
     assert all(json.loads(path.read_text())["max_steps"] == 12 for path in evaluations)
     # The report is of the runs made with the new settings, as their own files have them.
@@ -98,6 +104,8 @@ def test_a_run_whose_files_disagree_with_its_name_is_refused(study, tmp_path):
 def test_unknown_condition_is_refused_before_anything_runs(phase_a_run, tmp_path):
     with pytest.raises(UserError, match="choose from learner, L1, L2, L3, L4, cache"):
         run_study(StudyConfig(from_run=phase_a_run, conditions="learner,L9", out=tmp_path / "study"))
+    with pytest.raises(UserError, match=r"--cache-dtypes 'fp16,bf16': choose from fp16, int8"):
+        run_study(StudyConfig(from_run=phase_a_run, cache_dtypes="fp16,bf16", out=tmp_path / "study"))
     assert not (tmp_path / "study").exists()
 
 
@@ -114,7 +122,7 @@ def test_a_condition_cut_short_continues_from_its_checkpoint(phase_a_run, tmp_pa
     cfg = StudyConfig(from_run=phase_a_run, conditions="learner", seeds="2000", steps=4, eval_seeds="2000",
                       eval_workers=1, eval_max_steps=2, train_episodes="0-1", calibration_episodes="0",
                       heldout_episodes="1", fidelity=False, out=tmp_path / "study")
-    phase_b, _, run_dir = condition_run(cfg, cfg.out, "learner", 2000, cfg.quantise)
+    phase_b, _, run_dir = condition_run(cfg, read_run_config(phase_a_run), cfg.out, "learner", 2000, cfg.quantise)
     # The run the study would start, stopped by its time budget after its first step.
     train_phase_b(dataclasses.replace(phase_b, out=run_dir, max_seconds=1e-9))
     cut = json.loads((run_dir / "summary.json").read_text())

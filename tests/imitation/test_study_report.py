@@ -16,6 +16,7 @@ import torch
 
 from hetlab.errors import UserError
 from hetlab.imitation.study_report import write_study_report
+from hetlab.measure.stats import paired_difference_interval
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, parameter_split
 
 TINY = {"d_model": 32, "heads": 2, "feedforward": 64, "expert_feedforward": 64, "backbone_width": 8, "chunk": 10}
@@ -86,14 +87,17 @@ def results(condition: str, index: int) -> dict:
     successes = SUCCESSES[condition][index]
     return {"run": "made up", "seeds": EVAL_SEEDS, "replan_every": REPLAN_EVERY, "max_steps": MAX_STEPS,
             "episodes": EPISODES, "successes": successes, "success_rate": successes / EPISODES,
-            "wilson95": list(wilson(successes, EPISODES)), "per_seed": []}
+            "wilson95": list(wilson(successes, EPISODES)),
+            # Environment seeds 3000 on: each run succeeds on its first `successes` of them, so two runs agree on
+            # the first min(successes) and differ on the next |difference|.
+            "per_seed": [{"seed": 3000 + i, "success": i < successes} for i in range(EPISODES)]}
 
 
 def config(phase_a, condition: str, seed: int) -> dict:
     """A run's config.json: the model and the Phase-B settings it was trained with."""
     return {"kind": "aloha-ar-actor", "phase": "B", "model": TINY, "image_size": [48, 64],
             "phase_b": {"from_run": str(phase_a), "condition": condition, "seed": seed, "steps": STEPS,
-                        "batch": BATCH, "train_episodes": "0-39", "device": "auto", "offload_device": "cpu",
+                        "batch": BATCH, "lr": 1e-4, "lr_decay": 0.25, "train_episodes": "0-39", "device": "auto", "offload_device": "cpu",
                         "offload_precision": "int8", "quantise": QUANTISE, "calibration_episodes": "0-7",
                         "cache_dtype": "fp16"}}
 
@@ -219,6 +223,24 @@ def test_success_is_pooled_over_seeds_with_its_own_interval(report):
     # None of 300 episodes succeeded: the interval starts at 0.
     l2_second = next(row for row in rows_of(section(report, "Task success"), "L2") if row[1] == "2001")
     assert l2_second[4].startswith("[0.000,")
+
+
+def test_the_learning_rate_and_its_decay_are_stated(report):
+    schedule = "0.0001, falling to 0 over the last 25 % of the steps"
+    assert f"learning rate {schedule}" in report.split("## Runs")[0]
+    assert all(schedule in row for row in rows_of(section(report, "Runs"), "L2"))
+
+
+def test_each_condition_is_compared_with_learner_only_episode_by_episode(report):
+    differences = section(report, "Task success").split("### Differences, paired by episode")[1]
+    # L2 against learner: seed 2000 both on 9, learner alone on 3; seed 2001 (L2 0, learner 15) learner alone on 15.
+    l2 = rows_of(differences, "L2")
+    low, high = paired_difference_interval(9, 0, 18, 600 - 27)
+    assert l2 == [["L2", "learner", "600", "9", "0", "18", "-3.0", f"[{100 * low:+.1f}, {100 * high:+.1f}]"]]
+    assert high < 0  # 18 discordant pairs, all one way: the interval excludes 0
+    cache = rows_of(differences, "cache")
+    assert cache[0][:7] == ["cache", "learner", "600", "27", "24", "0", "+4.0"]
+    assert not rows_of(differences, "learner")
 
 
 def test_fidelity_against_the_goal_whatever_the_key_type(report):

@@ -19,6 +19,7 @@ from hetlab.offload.config import QuantiseConfig
 # Where Phase B's visual encoder runs: all on the learner, its prefix up to layer k offloaded (Lk), or
 # read from a feature cache.
 CONDITIONS = ("learner", "L1", "L2", "L3", "L4", "cache")
+CACHE_DTYPES = ("fp16", "int8")  # how the cache condition stores the encoder's outputs
 # How the action expert generates a chunk (hetlab.policies.ar_actor): one action per pass, each fed
 # back as history, or all in one pass with every history input masked.
 Decode = Literal["autoregressive", "parallel"]
@@ -63,7 +64,8 @@ class StudyConfig:
     calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
     heldout_episodes: str = "40-49"  # fidelity is measured on these
     offload_device: str = "cpu"  # cpu, cuda, openvino, ort:<ExecutionProvider> (see `hetlab offload devices`)
-    cache_dtype: Literal["fp16", "int8"] = "fp16"  # how the cache condition stores features (int8: per-token scales)
+    # how the cache condition stores features, comma-separated: fp16, int8 (per-token scales); one run each
+    cache_dtypes: str = "fp16"
     quantise: QuantiseConfig = field(default_factory=QuantiseConfig)  # how the offloaded prefixes are quantised to INT8
     power_interval: float = 1.0  # seconds between power samples
     power_command: str | None = None  # prints an extra device's power (e.g. an NPU vendor tool)

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from hetlab.imitation.config import CONDITIONS
+from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS
 from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, learning_rate, load_run,
                                   load_weights, open_dataset, read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
@@ -104,7 +104,7 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
                         f"(Lk offloads the encoder up to boundary k; the encoder has {layers} layers)")
     if cfg.offload_precision not in ("int8", "fp32"):
         raise UserError(f"--offload-precision {cfg.offload_precision!r}: the offloaded prefix runs int8 or fp32")
-    if cfg.cache_dtype not in ("fp16", "int8"):
+    if cfg.cache_dtype not in CACHE_DTYPES:
         raise UserError(f"--cache-dtype {cfg.cache_dtype!r}: the feature cache stores fp16 or int8")
     for name in ("steps", "batch", "checkpoint_every", "prefetch"):
         if getattr(cfg, name) < 1:

@@ -33,7 +33,7 @@ from pathlib import Path
 from hetlab.aloha_config import EPISODE_STEPS
 from hetlab.devices import cpu_count
 from hetlab.errors import UserError
-from hetlab.imitation.config import CONDITIONS, EvalConfig, StudyConfig
+from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS, EvalConfig, StudyConfig
 from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
 from hetlab.datasets.lerobot import load_info
 from hetlab.imitation.phase_a import check_recording, load_policy, read_run_config, run_render_quality
@@ -60,6 +60,24 @@ def conditions_of(text: str) -> list[str]:
     if not chosen or unknown:
         raise UserError(f"--conditions {text!r}: choose from {', '.join(CONDITIONS)} (comma-separated)")
     return chosen
+
+
+def cache_dtypes_of(text: str) -> list[str]:
+    chosen = [d.strip() for d in text.split(",") if d.strip()]
+    if not chosen or any(d not in CACHE_DTYPES for d in chosen) or len(set(chosen)) < len(chosen):
+        raise UserError(f"--cache-dtypes {text!r}: choose from {', '.join(CACHE_DTYPES)} (comma-separated, each once)")
+    return chosen
+
+
+def study_conditions(conditions: list[str], cache_dtypes: list[str]) -> list[tuple[str, str, str]]:
+    """(name in the study, Phase-B condition, cache dtype) of every run a seed trains: the cache
+    condition once per dtype, named `cache` for FP16 and `cache-<dtype>` for another."""
+    return [(study_name(condition, dtype), condition, dtype)
+            for condition in conditions for dtype in (cache_dtypes if condition == "cache" else cache_dtypes[:1])]
+
+
+def study_name(condition: str, cache_dtype: str) -> str:
+    return f"cache-{cache_dtype}" if condition == "cache" and cache_dtype != "fp16" else condition
 
 
 def run_settings(phase_b: dict) -> dict:
@@ -98,6 +116,7 @@ def _train(cfg: PhaseBConfig) -> None:
 def run_study(cfg: StudyConfig, progress=None) -> Path:
     """Train, evaluate, report; returns the path of report.md."""
     conditions, seeds = conditions_of(cfg.conditions), parse_seeds(cfg.seeds)
+    entries = study_conditions(conditions, cache_dtypes_of(cfg.cache_dtypes))
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
                    parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
     phase_a = read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
@@ -122,8 +141,8 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     for seed in seeds:
-        for condition in conditions:
-            phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise)
+        for name, condition, cache_dtype in entries:
+            phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise, cache_dtype)
             # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
             started = _finished(run_dir / "checkpoint.json", wanted,
                                 lambda: run_settings(read_run_config(run_dir)["phase_b"]))
@@ -141,7 +160,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                 evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
                                     max_steps=cfg.eval_max_steps, replan_every=cfg.eval_replan_every, out=eval_dir),
                          progress)
-            runs.append({"condition": condition, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
+            runs.append({"condition": name, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
     measured = None
     offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
     if cfg.fidelity and offloaded:
@@ -152,19 +171,19 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     return write_study_report(out, {"runs": runs, "fidelity": measured})
 
 
-def condition_run(cfg: StudyConfig, phase_a: dict, out: Path, condition: str, seed: int,
-                  quantise: QuantiseConfig) -> tuple[PhaseBConfig, dict, Path]:
+def condition_run(cfg: StudyConfig, phase_a: dict, out: Path, condition: str, seed: int, quantise: QuantiseConfig,
+                  cache_dtype: str = "fp16") -> tuple[PhaseBConfig, dict, Path]:
     """The Phase-B run the study trains for a condition and seed from the Phase-A run `phase_a` (its
     config.json), the settings that shape its results, and its directory (named by them)."""
     phase_b = PhaseBConfig(from_run=Path(cfg.from_run).resolve(), condition=condition, seed=seed, steps=cfg.steps,
                            lr=cfg.lr, lr_decay=cfg.lr_decay, train_episodes=cfg.train_episodes,
                            calibration_episodes=cfg.calibration_episodes, offload_device=cfg.offload_device,
-                           cache_dtype=cfg.cache_dtype, quantise=quantise, power_interval=cfg.power_interval,
+                           cache_dtype=cache_dtype, quantise=quantise, power_interval=cfg.power_interval,
                            power_command=cfg.power_command, power_pattern=cfg.power_pattern,
                            power_device=cfg.power_device)
     phase_b = with_phase_a_schedule(phase_b, phase_a)  # as the run will store it
     wanted = run_settings(json.loads(json.dumps(dataclasses.asdict(phase_b), default=str)))
-    return phase_b, wanted, out / f"{condition}-s{seed}-{digest(wanted)}"
+    return phase_b, wanted, out / f"{study_name(condition, cache_dtype)}-s{seed}-{digest(wanted)}"
 
 
 def _finished(record: Path, wanted: dict, stored) -> bool:

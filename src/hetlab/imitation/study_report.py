@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean as mean
 
-from hetlab.measure.stats import wilson_interval
+from hetlab.measure.stats import paired_difference_interval, wilson_interval
 from hetlab.devices import pick_device
 from hetlab.errors import UserError
 from hetlab.files import atomic_path, write_text_atomic
@@ -41,8 +41,10 @@ TIME_STAGES = (
 )
 
 # What the report says each run was made with, in the order it says it (made_with).
-SETTINGS = ("Phase-A run", "steps", "batch", "training episodes", "offload device", "offload precision", "quantisation",
+SETTINGS = ("Phase-A run", "steps", "batch", "learning rate", "training episodes", "offload device", "offload precision", "quantisation",
             "calibration episodes", "cache dtype", "evaluation seeds", "evaluation episode length", "replanning")
+
+CONDITION_SETTINGS = ("cache dtype",)  # a condition of its own for each value (cache, cache-int8)
 
 TIME_FIGURE = "time_breakdown.png"
 ENERGY_FIGURE = "energy_per_sample.png"
@@ -63,6 +65,11 @@ class Run:
     @property
     def name(self) -> str:
         return f"{self.condition}-s{self.seed}"
+
+
+def is_cache(condition: str) -> bool:
+    """The feature-cache condition: `cache` (FP16 storage), or `cache-<dtype>` for another storage."""
+    return condition == "cache" or condition.startswith("cache-")
 
 
 def load_runs(study: dict) -> dict[str, list[Run]]:
@@ -113,6 +120,10 @@ def made_with(run: Run) -> dict[str, str]:
     phase_b, results = run.config["phase_b"], run.results
     settings = {"Phase-A run": f"`{phase_b['from_run']}`", "steps": str(phase_b["steps"]),
                 "batch": str(phase_b["batch"]), "training episodes": phase_b["train_episodes"]}
+    if phase_b.get("lr") is not None:
+        decay = phase_b.get("lr_decay") or 0.0
+        settings["learning rate"] = f"{phase_b['lr']:g}" + (f", falling to 0 over the last {100 * decay:g} % of the steps"
+                                                            if decay else "")
     if run.condition.startswith("L"):
         settings["offload device"] = f"`{phase_b['offload_device']}`"
         settings["offload precision"] = phase_b["offload_precision"]
@@ -120,7 +131,7 @@ def made_with(run: Run) -> dict[str, str]:
             # As the backend made it (its overflow fix decided), else as asked.
             settings["quantisation"] = quantisation(run.summary["encoder"].get("quantise", phase_b["quantise"]))
             settings["calibration episodes"] = phase_b["calibration_episodes"]
-    if run.condition == "cache":
+    if is_cache(run.condition):
         settings["cache dtype"] = phase_b["cache_dtype"]
     settings["evaluation seeds"] = results["seeds"]
     settings["evaluation episode length"] = f"{results['max_steps']} steps"
@@ -139,12 +150,14 @@ def quantisation(quantise: dict) -> str:
 
 
 def settings_of(runs: dict[str, list[Run]]) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, list[str]]]]:
-    """({run name: made_with(run)}, {setting the runs differ on: {value: names of the runs with it}})."""
+    """({run name: made_with(run)}, {setting the runs differ on: {value: names of the runs with it}});
+    settings that name the condition (a cache's dtype) are not differences."""
     settings = {run.name: made_with(run) for condition_runs in runs.values() for run in condition_runs}
     values: dict[str, dict[str, list[str]]] = {}
     for name, run_settings in settings.items():
         for setting, value in run_settings.items():
-            values.setdefault(setting, {}).setdefault(value, []).append(name)
+            if setting not in CONDITION_SETTINGS:
+                values.setdefault(setting, {}).setdefault(value, []).append(name)
     return settings, {setting: by_value for setting, by_value in values.items() if len(by_value) > 1}
 
 
@@ -163,7 +176,8 @@ def introduction(runs: dict[str, list[Run]]) -> str:
     text = (f"# Phase B study: the frozen visual encoder, offloaded\n\n"
             f"A new action expert was trained on the frozen visual encoder of the Phase-A run {stated('Phase-A run')} "
             f"under {len(runs)} conditions ({', '.join(runs)}), with training seeds {', '.join(map(str, seeds))}, "
-            f"for {stated('steps')} steps each (batch {stated('batch')}, training episodes "
+            f"for {stated('steps')} steps each (batch {stated('batch')}, learning rate {stated('learning rate')}, "
+            "training episodes "
             f"{stated('training episodes')}), and every run was evaluated closed-loop on environment seeds "
             f"{stated('evaluation seeds')} ({' or '.join(map(str, episodes))} episodes per run, at most "
             f"{stated('evaluation episode length')} each, replanning {stated('replanning')}).")
@@ -173,7 +187,7 @@ def introduction(runs: dict[str, list[Run]]) -> str:
             text += (f", quantised with {stated('quantisation')} and calibrated on episodes "
                      f"{stated('calibration episodes')}")
         text += "."
-    if "cache" in runs:
+    if any(map(is_cache, runs)):
         text += f" The feature cache stored {stated('cache dtype')}."
     # The runs do not record their machine; the study trains and reports on the same one, so name this one.
     text += (f" Machine (where this report was written): {platform.platform()}, {pick_device('cpu').name}. "
@@ -337,7 +351,48 @@ def success_section(runs: dict[str, list[Run]], figure: Path) -> str:
     plot_success(pooled, {c: [run.results["success_rate"] for run in rs] for c, rs in runs.items()}, figure)
     return ("## Task success\n\n"
             + table(["condition", "training seed", "successes/episodes", "rate", "Wilson 95 %"], rows)
-            + f"\n\n![success rate]({figure.name})")
+            + f"\n\n![success rate]({figure.name})" + differences_section(runs))
+
+
+def comparisons(conditions) -> list[tuple[str, str]]:
+    """(condition, reference): every other condition against learner-only (the FP32 encoder in the
+    learner), and a cache stored otherwise against the FP16 one."""
+    pairs = [(condition, "learner") for condition in conditions if condition != "learner" and "learner" in conditions]
+    return pairs + [(condition, "cache") for condition in conditions if condition.startswith("cache-") and "cache" in conditions]
+
+
+def outcomes(condition_runs: list[Run]) -> dict[tuple[int, int], bool]:
+    """{(training seed, environment seed): success} of a condition's evaluations."""
+    return {(run.seed, episode["seed"]): episode["success"] for run in condition_runs
+            for episode in run.results["per_seed"]}
+
+
+def differences_section(runs: dict[str, list[Run]]) -> str:
+    rows = []
+    for condition, reference in comparisons(list(runs)):
+        ours, theirs = outcomes(runs[condition]), outcomes(runs[reference])
+        pairs = ours.keys() & theirs.keys()
+        if not pairs:
+            rows.append([condition, reference, "0", *["—"] * 5])
+            continue
+        both = sum(ours[p] and theirs[p] for p in pairs)
+        only_ours = sum(ours[p] and not theirs[p] for p in pairs)
+        only_theirs = sum(theirs[p] and not ours[p] for p in pairs)
+        neither = len(pairs) - both - only_ours - only_theirs
+        difference = (only_ours - only_theirs) / len(pairs)
+        rows.append([condition, reference, str(len(pairs)), str(both), str(only_ours), str(only_theirs),
+                     f"{100 * difference:+.1f}",
+                     interval_points(paired_difference_interval(both, only_ours, only_theirs, neither))])
+    if not rows:
+        return ""
+    return ("\n\n### Differences, paired by episode\n\n"
+            "Each condition against its reference on the same (training seed, environment seed) pairs: within a "
+            "training seed every condition starts from the same expert and sees the same batches, so a pair differs "
+            "only in how the encoder ran. The 95 % interval is Newcombe's for paired proportions (method 10); one "
+            "that holds 0 means this study cannot tell the two apart, and its ends bound the difference it could "
+            "have missed.\n\n"
+            + table(["condition", "against", "pairs", "both succeed", "only condition", "only reference",
+                     "difference (points)", "95 % interval (points)"], rows))
 
 
 def fidelity_section(fidelity: dict | None) -> str:
@@ -352,11 +407,16 @@ def fidelity_section(fidelity: dict | None) -> str:
 
 
 def cache_section(runs: dict[str, list[Run]]) -> str:
-    if "cache" not in runs:
+    caches = [condition for condition in runs if is_cache(condition)]
+    if not caches:
         return "## Feature cache\n\nThe feature-cache condition was not run in this study."
-    cache_runs = runs["cache"]
+    return "## Feature cache\n\n" + "\n\n".join(cache_paragraph(condition, runs) for condition in caches)
+
+
+def cache_paragraph(condition: str, runs: dict[str, list[Run]]) -> str:
+    cache_runs = runs[condition]
     cache = next(run.summary["cache"] for run in cache_runs if run.summary["cache"])
-    text = (f"## Feature cache\n\nThe cache holds {cache['frames']} frames × {cache['layers']} layers × "
+    text = (f"{condition}: the cache holds {cache['frames']} frames × {cache['layers']} layers × "
             f"{cache['tokens']} tokens × {cache['d_model']} channels as {cache['dtype']}: "
             f"{cache['bytes'] / 2**20:.0f} MiB, built in {cache['build_s']:.1f} s.")
     if "learner" not in runs:
@@ -369,7 +429,7 @@ def cache_section(runs: dict[str, list[Run]]) -> str:
     verdict = "meets" if speedup >= CACHE_SPEEDUP_GOAL else "falls short of"
     return (text + f" Training from it runs at {speedup:.1f}× the learner-only samples/s, which {verdict} the "
             f"≥ {CACHE_SPEEDUP_GOAL:g}× goal; with its build time counted once against the training of the "
-            f"{len(cache_runs)} cache run(s), {with_build:.1f}×.")
+            f"{len(cache_runs)} run(s) that read it, {with_build:.1f}×.")
 
 
 # --- figures ----------------------------------------------------------------------------------
@@ -469,3 +529,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def interval(bounds) -> str:
     low, high = bounds
     return f"[{low:.3f}, {high:.3f}]"
+
+
+def interval_points(bounds) -> str:
+    """A difference of rates as percentage points."""
+    low, high = bounds
+    return f"[{100 * low:+.1f}, {100 * high:+.1f}]"
