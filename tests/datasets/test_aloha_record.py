@@ -17,9 +17,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hetlab.aloha.record import RecordConfig, record, recorded_render_quality
+from hetlab.aloha.record import RecordConfig, _InSeedOrder, record, recorded_render_quality
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
+from hetlab.runtime.workers import WorkerPool
 
 CAMERA = "observation.images.top"
 STEPS = 30
@@ -95,3 +96,36 @@ def test_the_render_quality_is_recorded_and_a_recording_continues_only_at_the_sa
     with pytest.raises(UserError, match="render quality"):
         record(short_recording(out, episodes=2, render_quality="high"))
     assert len(LeRobotDataset(out).episode_lengths) == 1
+
+
+class EncoderStuckOnce:
+    """A recording worker's stand-in whose seed `stuck` never comes back the first time, as when
+    SVT-AV1 deadlocked inside an encode; the mark it leaves lets the restarted worker finish it."""
+
+    def __init__(self, directory: str, stuck: int):
+        self.mark, self.stuck = os.path.join(directory, "stuck"), stuck
+
+    def stage(self, seed: int) -> str:
+        if seed == self.stuck and not os.path.exists(self.mark):
+            open(self.mark, "w").close()
+            time.sleep(3600)
+        return f"episode {seed}"
+
+
+def test_workers_stuck_on_an_episode_are_restarted_and_its_seed_comes_back_in_order(tmp_path):
+    said = []
+    with WorkerPool(2, EncoderStuckOnce.stage, setup=EncoderStuckOnce, setup_args=(str(tmp_path), 6)) as pool:
+        in_order = _InSeedOrder(pool, said.append, first_stall_s=60, min_stall_s=2)
+        # As the recorder does: a seed submitted for each episode handed out.
+        in_order.submit(5)
+        in_order.submit(6)
+        assert in_order.next() == (5, "episode 5")  # the first back: the workers are warm from here
+        in_order.submit(7)
+        # 7 comes back at once and sets the stall time (its 10×, at least 2 s); 6 comes only after the restart.
+        assert in_order.next() == (6, "episode 6")
+        in_order.submit(8)
+        assert [in_order.next() for _ in range(2)] == [(7, "episode 7"), (8, "episode 8")]
+    assert in_order.restarts == 1
+    assert len(said) == 1 and said[0].startswith("no episode came back in 2 s")
+    assert said[0].endswith("restarting the 2 recording worker(s) for seeds 6")
+

@@ -51,6 +51,21 @@ def refuse_setup() -> None:
     raise UserError("the run has no weights; train it first")
 
 
+class HangsOnce:
+    """A worker's state: a folder where a job that hangs leaves its worker's pid, so that a restarted
+    worker does not hang on it again."""
+
+    def __init__(self, directory: str):
+        self.directory = Path(directory)
+
+    def run(self, job: int) -> int:
+        mark = self.directory / f"hung-{job}"
+        if job < 0 and not mark.exists():  # a negative job hangs the first time, as a deadlocked encoder did
+            mark.write_text(str(os.getpid()))
+            time.sleep(3600)
+        return 10 * job
+
+
 def announce_pid(directory: str) -> None:
     (Path(directory) / str(os.getpid())).touch()
 
@@ -93,6 +108,19 @@ def test_next_with_a_timeout_returns_none_until_a_job_finishes():
         assert 0.2 <= time.monotonic() - start < 1.5  # it looked, and waited about as long as asked
         job, _ = pool.next(timeout=60)
         assert job == 2.0 and pool.pending == 0
+
+
+def test_a_restart_replaces_a_stuck_worker_and_hands_its_jobs_out_again(tmp_path):
+    with WorkerPool(1, HangsOnce.run, setup=HangsOnce, setup_args=(str(tmp_path),)) as pool:
+        for job in (1, -2, 3):
+            pool.submit(job)
+        assert pool.next(timeout=60) == (1, 10)
+        assert pool.next(timeout=1.0) is None  # stuck on -2, with 3 behind it
+        stuck = int((tmp_path / "hung--2").read_text())
+        pool.restart()
+        assert not alive(stuck)
+        assert dict(pool.next(timeout=60) for _ in range(2)) == {-2: -20, 3: 30}
+        assert pool.pending == 0
 
 
 def test_an_exception_reaches_the_parent_with_the_workers_traceback():

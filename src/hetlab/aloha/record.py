@@ -9,7 +9,10 @@ the dataset is the same whatever the number of workers. A seed on which the expe
 skipped and the next one tried. Every episode is committed atomically (see
 hetlab.datasets.lerobot_writer), so stopping the recorder any way at all (Ctrl-C, kill -9)
 keeps every episode committed before; running the same command again carries on after them,
-with the seed after the last recorded one.
+with the seed after the last recorded one. The video encoder can deadlock (SVT-AV1 inside PyAV
+was seen to wait forever for a packet): when no episode comes back for ten times the longest one
+took (at least 2 min; 15 min while the workers start), the workers are restarted and record the
+outstanding seeds again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ TASK = "Pick up the cube with the right arm and transfer it to the left arm."
 CAMERA_KEY = "observation.images.top"
 RENDER_QUALITY_KEY = "render.quality"
 MOTORS = tuple(f"{arm}_{joint}" for arm in ARMS for joint in (*ARM_JOINTS, "gripper"))
+FIRST_EPISODE_STALL_S = 900.0  # no episode back yet: the workers may still be starting (imports, GL)
+MIN_STALL_S = 120.0
+STALL_FACTOR = 10.0  # times the longest an episode has taken
 
 
 def aloha_spec(height: int, width: int, render_quality: RenderQuality) -> DatasetSpec:
@@ -50,7 +56,7 @@ def record(cfg: RecordConfig) -> dict:
     _check(cfg)
     workers = cfg.workers or os.cpu_count() or 1
     started = time.perf_counter()
-    attempts, failed_seeds, failed_in_a_row = 0, [], 0
+    attempts, failed_seeds, failed_in_a_row, restarts = 0, [], 0, 0
     with LeRobotWriter(cfg.out, aloha_spec(cfg.height, cfg.width, cfg.render_quality)) as writer:
         before = writer.num_episodes
         seeds = [seed for seed in writer.episode_column("seed") if seed is not None]
@@ -61,7 +67,7 @@ def record(cfg: RecordConfig) -> dict:
             stager = (writer.staging_dir, writer.spec, cfg.steps, cfg.successful_only)
             with progress, WorkerPool(min(workers, cfg.episodes - before), _EpisodeStager.stage, setup=_EpisodeStager,
                                       setup_args=stager, name="recording") as pool:
-                in_order = _InSeedOrder(pool)
+                in_order = _InSeedOrder(pool, lambda message: progress.console.print(message, highlight=False))
                 job = progress.add_task("episodes", total=cfg.episodes, completed=before)
                 while writer.num_episodes < cfg.episodes:
                     while in_order.outstanding < min(pool.size, cfg.episodes - writer.num_episodes):
@@ -82,11 +88,13 @@ def record(cfg: RecordConfig) -> dict:
                         writer.commit(staged)
                         failed_in_a_row = 0
                         progress.update(job, completed=writer.num_episodes)
+                restarts = in_order.restarts
         written = writer.num_episodes - before
         episodes = writer.num_episodes
     seconds = time.perf_counter() - started
     return {"out": str(cfg.out), "episodes": episodes, "written": written, "attempts": attempts,
-            "failed_seeds": failed_seeds, "seconds": seconds,
+            "failed_seeds": failed_seeds, "worker_restarts": restarts,
+            "seconds": seconds,
             "seconds_per_episode": seconds / written if written else None}
 
 
@@ -128,12 +136,21 @@ class _EpisodeStager:
 
 
 class _InSeedOrder:
-    """The workers' staged episodes handed out in the order their seeds were submitted."""
+    """The workers' staged episodes handed out in the order their seeds were submitted; workers that
+    return nothing for STALL_FACTOR times the longest an episode has taken are restarted (`say` tells
+    the user)."""
 
-    def __init__(self, pool: WorkerPool):
-        self.pool = pool
+    def __init__(self, pool: WorkerPool, say=print, first_stall_s: float = FIRST_EPISODE_STALL_S,
+                 min_stall_s: float = MIN_STALL_S):
+        self.pool, self.say, self.first_stall_s, self.min_stall_s = pool, say, first_stall_s, min_stall_s
         self._waiting: list[int] = []  # submitted seeds, in order, whose result is not yet taken
         self._done: dict[int, StagedEpisode | None] = {}
+        self._submitted_at: dict[int, float] = {}
+        # The longest a seed took from submission to its episode coming back, among seeds submitted to
+        # workers already warm (one episode back since they started): a first episode includes start-up.
+        self._longest_s = 0.0
+        self._warm_since: float | None = None
+        self.restarts = 0
 
     @property
     def outstanding(self) -> int:
@@ -142,12 +159,34 @@ class _InSeedOrder:
 
     def submit(self, seed: int) -> None:
         self._waiting.append(seed)
+        self._submitted_at[seed] = time.monotonic()
         self.pool.submit(seed)
+
+    @property
+    def stall_s(self) -> float:
+        if self._warm_since is None or not self._longest_s:
+            return self.first_stall_s
+        return max(self.min_stall_s, STALL_FACTOR * self._longest_s)
 
     def next(self) -> tuple[int, StagedEpisode | None]:
         """The earliest submitted seed and its staged episode (None if the expert failed on it)."""
-        seed = self._waiting.pop(0)
+        seed = self._waiting[0]
         while seed not in self._done:
-            done_seed, staged = self.pool.next()
+            finished = self.pool.next(timeout=self.stall_s)
+            if finished is None:
+                outstanding = [s for s in self._waiting if s not in self._done]
+                self.say(f"no episode came back in {self.stall_s:.0f} s (a video encoder can deadlock): restarting "
+                         f"the {self.pool.size} recording worker(s) for seeds {', '.join(map(str, outstanding))}")
+                self.pool.restart()
+                self.restarts += 1
+                self._warm_since = None
+                continue
+            done_seed, staged = finished
+            now, submitted = time.monotonic(), self._submitted_at.pop(done_seed)
+            if self._warm_since is None:
+                self._warm_since = now
+            elif submitted >= self._warm_since:
+                self._longest_s = max(self._longest_s, now - submitted)
             self._done[done_seed] = staged
+        self._waiting.pop(0)
         return seed, self._done.pop(seed)

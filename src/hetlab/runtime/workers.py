@@ -6,7 +6,8 @@ for every job it takes from the pool's queue; `next()` returns each finished job
 in the order they finish. A job that raises comes back as the parent's exception: a UserError as
 the same one-line UserError, anything else as a RuntimeError carrying the worker's traceback. A
 worker that dies (a crash in native code, the OOM killer, kill -9) is reported with its exit code
-instead of waited for.
+instead of waited for. A job stuck for good (a deadlock in native code) is found by `next`'s
+timeout; `restart()` replaces the workers and hands the pending jobs out again.
 
 Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides what it
 means. They exit by themselves once the parent is gone, so even a parent killed outright leaves no
@@ -49,22 +50,33 @@ class WorkerPool:
                  setup_args: tuple = (), name: str = "worker"):
         if workers < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {workers}")
-        self.name = name
-        context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and GL state badly
-        self._jobs, self._results = context.Queue(), context.Queue()
+        self.name, self._workers, self._serve_args = name, workers, (work, setup, setup_args)
         self._pending: dict[int, Any] = {}  # job id → job, for jobs submitted and not yet returned
         self._ids = itertools.count()
+        self._start()
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and GL state badly
+        self._jobs, self._results = context.Queue(), context.Queue()
         self._ended = False
         # Not daemonic, so a job may start processes of its own; the pool, not atexit, ends them.
-        self._processes = [context.Process(target=_serve, name=f"hetlab-{name}-{i}",
-                                           args=(work, setup, setup_args, self._jobs, self._results))
-                           for i in range(workers)]
+        self._processes = [context.Process(target=_serve, name=f"hetlab-{self.name}-{i}",
+                                           args=(*self._serve_args, self._jobs, self._results))
+                           for i in range(self._workers)]
         try:
             for process in self._processes:
                 process.start()
         except BaseException:
             self.terminate()
             raise
+
+    def restart(self) -> None:
+        """End every worker and start new ones, which take the pending jobs again in the order they
+        were submitted: for a job stuck for good (a deadlock in native code), found by `next`'s timeout."""
+        self.terminate()
+        self._start()
+        for job_id, job in sorted(self._pending.items()):
+            self._jobs.put((job_id, pickle.dumps(job)))
 
     @property
     def size(self) -> int:
