@@ -11,7 +11,8 @@
 4. the picked checkpoint (and with --last the last one) on the held-out --eval-seeds, in each of
    --held-out-decodes: open-loop chunks, a new chunk every 25 steps, and ACT's temporal ensembling
    (m = 0.01, a new chunk every --ensemble-every steps);
-5. the reduced Phase-B study on the same seeds: learner, L1–L4 INT8, cache, one training seed.
+5. the reduced Phase-B study on the same seeds: learner, L1–L4 INT8, the cache stored FP16 and INT8,
+   one training seed, --study-steps each at the Phase-A run's learning rate and decay.
 Each step is a `hetlab` command (run alone: other jobs change the times); finished steps are reused.
 Writes runs/benchmarks/imitation_cpu.{json,md} and success_vs_steps.png.
 """
@@ -103,8 +104,8 @@ report["held_out"] = {f"step {step}, {mode}": evaluation(phase_a, args.eval_seed
 
 if not args.skip_study:
     study = run("offload", "study", "--from", str(phase_a), "--seeds", "2000", "--steps", str(args.study_steps),
-                "--eval-seeds", args.eval_seeds)
-    report["study"] = study.strip().splitlines()[-1]
+                "--eval-seeds", args.eval_seeds, "--cache-dtypes", "fp16,int8")
+    report["study"] = study.strip().splitlines()[-1].removeprefix("study report: ")
 
 import matplotlib  # noqa: E402  (only the plot needs it)
 
@@ -128,5 +129,9 @@ lines += [f"| {r['step']} | {r['wall_s'] / 60:.0f} | {rate({**r, 'success_rate':
           for r in rows]
 lines += ["", f"| evaluation on {args.eval_seeds} | success |", "|---|---|"]
 lines += [f"| {mode} | {rate(results)} |" for mode, results in report["held_out"].items()]
+if "study" in report:  # its success per condition and the paired differences, as the study's report has them
+    success = Path(report["study"]).read_text().split("## Task success\n", 1)[1].split("\n## ", 1)[0]
+    lines += ["", f"Reduced Phase-B study ({report['study']}):", "",
+              *(line for line in success.strip().splitlines() if not line.startswith("!["))]  # figures stay there
 (args.out / "imitation_cpu.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
