@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import signal
 import time
 
@@ -98,34 +99,46 @@ def test_the_render_quality_is_recorded_and_a_recording_continues_only_at_the_sa
     assert len(LeRobotDataset(out).episode_lengths) == 1
 
 
-class EncoderStuckOnce:
-    """A recording worker's stand-in whose seed `stuck` never comes back the first time, as when
-    SVT-AV1 deadlocked inside an encode; the mark it leaves lets the restarted worker finish it."""
+class EncoderStuck:
+    """A recording worker's stand-in whose seed `stuck` never comes back the first `times` times it
+    is tried, as when SVT-AV1 deadlocked inside an encode; the marks it leaves count the tries."""
 
-    def __init__(self, directory: str, stuck: int):
-        self.mark, self.stuck = os.path.join(directory, "stuck"), stuck
+    def __init__(self, directory: str, stuck: int, times: int):
+        self.directory, self.stuck, self.times = directory, stuck, times
 
     def stage(self, seed: int) -> str:
-        if seed == self.stuck and not os.path.exists(self.mark):
-            open(self.mark, "w").close()
-            time.sleep(3600)
+        if seed == self.stuck:
+            tries = len(os.listdir(self.directory))
+            if tries < self.times:
+                open(os.path.join(self.directory, f"try-{tries}"), "w").close()
+                time.sleep(3600)
         return f"episode {seed}"
 
 
 def test_workers_stuck_on_an_episode_are_restarted_and_its_seed_comes_back_in_order(tmp_path):
     said = []
-    with WorkerPool(2, EncoderStuckOnce.stage, setup=EncoderStuckOnce, setup_args=(str(tmp_path), 6)) as pool:
+    with WorkerPool(2, EncoderStuck.stage, setup=EncoderStuck, setup_args=(str(tmp_path), 6, 1)) as pool:
         in_order = _InSeedOrder(pool, said.append, first_stall_s=60, min_stall_s=2)
         # As the recorder does: a seed submitted for each episode handed out.
         in_order.submit(5)
         in_order.submit(6)
         assert in_order.next() == (5, "episode 5")  # the first back: the workers are warm from here
         in_order.submit(7)
-        # 7 comes back at once and sets the stall time (its 10×, at least 2 s); 6 comes only after the restart.
+        # 7 comes back and sets the stall time (10× its time, at least 2 s); 6 comes only after the restart.
         assert in_order.next() == (6, "episode 6")
         in_order.submit(8)
         assert [in_order.next() for _ in range(2)] == [(7, "episode 7"), (8, "episode 8")]
-    assert in_order.restarts == 1
-    assert len(said) == 1 and said[0].startswith("no episode came back in 2 s")
-    assert said[0].endswith("restarting the 2 recording worker(s) for seeds 6")
+    assert in_order.restarts == 1 and len(said) == 1
+    assert re.fullmatch(r"no episode came back in \d+ s \(a video encoder can deadlock\): restarting the 2 "
+                        r"recording worker\(s\) for seeds 6", said[0])
 
+
+def test_a_seed_that_stalls_the_workers_again_and_again_stops_the_recording_in_one_line(tmp_path):
+    with WorkerPool(1, EncoderStuck.stage, setup=EncoderStuck, setup_args=(str(tmp_path), 5, 99)) as pool:
+        in_order = _InSeedOrder(pool, lambda _: None, first_stall_s=1, min_stall_s=1)
+        in_order.submit(5)
+        with pytest.raises(UserError) as stalled:
+            in_order.next()
+    assert str(stalled.value).startswith("the recording workers stalled 4 times in a row on seeds 5; the episodes "
+                                         "committed so far are kept")
+    assert in_order.restarts == 3

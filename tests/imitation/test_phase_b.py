@@ -15,7 +15,8 @@ from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
 from hetlab.errors import UserError
 from hetlab.offload.feature_cache import FeatureCache
-from hetlab.imitation.phase_b import PhaseBConfig, _backend, frozen_encoder, new_action_expert, train_phase_b
+from hetlab.imitation.phase_b import (PhaseBConfig, _backend, frozen_encoder, new_action_expert, train_phase_b,
+                                      with_phase_a_schedule)
 
 STEPS = 4
 
@@ -120,6 +121,19 @@ def test_the_new_expert_trains_at_the_phase_a_rate_unless_told_falling_over_the_
     assert (saved["lr"], saved["lr_decay"]) == (2e-3, 0.5)
     # The last of 4 steps, 1 step before the end of a 2-step decay: half the rate.
     assert json.loads((decaying / "history.json").read_text())[-1]["lr"] == pytest.approx(1e-3)
+
+
+def test_the_schedule_comes_from_the_phase_a_run_where_the_command_line_gives_none(phase_a_run):
+    config = json.loads((phase_a_run / "config.json").read_text())
+    decaying = {**config, "phase_a": {**config["phase_a"], "lr": 3e-4, "lr_decay": 0.25}}
+    cfg = PhaseBConfig(from_run=phase_a_run)
+    assert (with_phase_a_schedule(cfg, decaying).lr, with_phase_a_schedule(cfg, decaying).lr_decay) == (3e-4, 0.25)
+    given = with_phase_a_schedule(PhaseBConfig(from_run=phase_a_run, lr=1e-5, lr_decay=0.0), decaying)
+    assert (given.lr, given.lr_decay) == (1e-5, 0.0)
+    # Older Phase-A runs stored only a rate that was asked for, and no decay: the preset's rate, constant.
+    older = {**config, "phase_a": {key: value for key, value in config["phase_a"].items() if key != "lr_decay"}}
+    older["phase_a"]["lr"] = None
+    assert (with_phase_a_schedule(cfg, older).lr, with_phase_a_schedule(cfg, older).lr_decay) == (1e-3, 0.0)
 
 
 def test_the_learner_precision_is_the_one_asked_for(phase_a_run, learner_run, tmp_path):

@@ -106,6 +106,9 @@ def test_unknown_condition_is_refused_before_anything_runs(phase_a_run, tmp_path
         run_study(StudyConfig(from_run=phase_a_run, conditions="learner,L9", out=tmp_path / "study"))
     with pytest.raises(UserError, match=r"--cache-dtypes 'fp16,bf16': choose from fp16, int8"):
         run_study(StudyConfig(from_run=phase_a_run, cache_dtypes="fp16,bf16", out=tmp_path / "study"))
+    with pytest.raises(UserError, match="--lr-decay is a share of the steps, from 0 to 1; got 2.0"):
+        run_study(StudyConfig(from_run=phase_a_run, lr_decay=2.0, eval_seeds="2000", train_episodes="0-1",
+                              out=tmp_path / "study"))
     assert not (tmp_path / "study").exists()
 
 

@@ -116,7 +116,11 @@ def test_a_restart_replaces_a_stuck_worker_and_hands_its_jobs_out_again(tmp_path
             pool.submit(job)
         assert pool.next(timeout=60) == (1, 10)
         assert pool.next(timeout=1.0) is None  # stuck on -2, with 3 behind it
-        stuck = int((tmp_path / "hung--2").read_text())
+        mark = tmp_path / "hung--2"
+        deadline = time.monotonic() + 60
+        while not (mark.is_file() and mark.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stuck = int(mark.read_text())
         pool.restart()
         assert not alive(stuck)
         assert dict(pool.next(timeout=60) for _ in range(2)) == {-2: -20, 3: 30}

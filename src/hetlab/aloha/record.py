@@ -12,7 +12,7 @@ keeps every episode committed before; running the same command again carries on 
 with the seed after the last recorded one. The video encoder can deadlock (SVT-AV1 inside PyAV
 was seen to wait forever for a packet): when no episode comes back for ten times the longest one
 took (at least 2 min; 15 min while the workers start), the workers are restarted and record the
-outstanding seeds again.
+outstanding seeds again (three times in a row at most).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ MOTORS = tuple(f"{arm}_{joint}" for arm in ARMS for joint in (*ARM_JOINTS, "grip
 FIRST_EPISODE_STALL_S = 900.0  # no episode back yet: the workers may still be starting (imports, GL)
 MIN_STALL_S = 120.0
 STALL_FACTOR = 10.0  # times the longest an episode has taken
+RESTARTS_IN_A_ROW = 3  # restarts with no episode back in between before the recorder gives up
 
 
 def aloha_spec(height: int, width: int, render_quality: RenderQuality) -> DatasetSpec:
@@ -150,7 +151,7 @@ class _InSeedOrder:
         # workers already warm (one episode back since they started): a first episode includes start-up.
         self._longest_s = 0.0
         self._warm_since: float | None = None
-        self.restarts = 0
+        self.restarts, self._restarts_in_a_row = 0, 0
 
     @property
     def outstanding(self) -> int:
@@ -175,13 +176,19 @@ class _InSeedOrder:
             finished = self.pool.next(timeout=self.stall_s)
             if finished is None:
                 outstanding = [s for s in self._waiting if s not in self._done]
+                if self._restarts_in_a_row == RESTARTS_IN_A_ROW:
+                    raise UserError(f"the recording workers stalled {RESTARTS_IN_A_ROW + 1} times in a row on seeds "
+                                    f"{', '.join(map(str, outstanding))}; the episodes committed so far are kept: "
+                                    "run the same command again to carry on, or with --workers 1")
                 self.say(f"no episode came back in {self.stall_s:.0f} s (a video encoder can deadlock): restarting "
                          f"the {self.pool.size} recording worker(s) for seeds {', '.join(map(str, outstanding))}")
                 self.pool.restart()
                 self.restarts += 1
+                self._restarts_in_a_row += 1
                 self._warm_since = None
                 continue
             done_seed, staged = finished
+            self._restarts_in_a_row = 0
             now, submitted = time.monotonic(), self._submitted_at.pop(done_seed)
             if self._warm_since is None:
                 self._warm_since = now

@@ -55,6 +55,9 @@ def aloha_record(cfg: Annotated[RecordConfig, tyro.conf.arg(name="")]) -> None:
     if result["failed_seeds"]:
         console().print(f"skipped seeds the expert failed on: {' '.join(map(str, result['failed_seeds']))}",
                         highlight=False, soft_wrap=True)
+    if result["worker_restarts"]:
+        console().print(f"the recording workers stalled and were restarted {result['worker_restarts']} time(s)",
+                        highlight=False)
 
 
 @dataclass(frozen=True)

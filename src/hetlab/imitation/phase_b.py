@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS
-from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, dropout_seed, learning_rate, load_run,
-                                  load_weights, open_dataset, read_run_config, run_render_quality, step_generator)
+from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, config_from_json, dropout_seed,
+                                  learning_rate, load_run, load_weights, open_dataset, read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
@@ -118,9 +118,9 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
 def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: dict) -> PhaseBConfig:
     """`cfg` with the learning rate and its decay the Phase-A run `phase_a` (its config.json) trained
     with, where the command line gave none."""
-    own = phase_a["phase_a"]
-    return dataclasses.replace(cfg, lr=own["lr"] if cfg.lr is None else cfg.lr,
-                               lr_decay=own.get("lr_decay", 0.0) if cfg.lr_decay is None else cfg.lr_decay)
+    own = config_from_json(phase_a, Path(cfg.from_run)).resolved  # older runs stored only the rates asked for
+    return dataclasses.replace(cfg, lr=own.lr if cfg.lr is None else cfg.lr,
+                               lr_decay=own.lr_decay if cfg.lr_decay is None else cfg.lr_decay)
 
 
 def resumed_config(cfg: PhaseBConfig) -> PhaseBConfig:
@@ -195,24 +195,23 @@ def load_phase_b_policy(run_dir: Path, step: int | None = None) -> PhaseBPolicy:
 
 
 def _config_from_json(saved: dict) -> PhaseBConfig:
-    saved = dict(saved)
+    saved = {"lr_decay": 0.0} | saved  # runs from before the option trained at a constant rate
     saved["quantise"] = QuantiseConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["quantise"].items()})
     for key in ("from_run", "out", "runs_dir", "resume"):
         saved[key] = Path(saved[key]) if saved.get(key) is not None else None
     return PhaseBConfig(**saved)
 
 
-def _backend(cfg: PhaseBConfig, model: ARActor, learner_device: torch.device = torch.device("cpu")):
-    """The offload backend of an Lk condition (`torch` runs on the learner's device); None when the
-    learner runs the whole encoder."""
+def _backend(cfg: PhaseBConfig, model: ARActor, learner_device: torch.device = torch.device("cpu"),
+             threads: int | None = None):
+    """The offload backend of an Lk condition (`torch` runs on the learner's device), with `threads`
+    for ONNX Runtime (unset: its own default); None when the learner runs the whole encoder."""
     if cfg.boundary == 0:
         return None
     phase_a = read_run_config(cfg.from_run)
     image_size = tuple(phase_a["image_size"])
-    # ONNX Runtime sizes its thread pool by the machine's cores, not the ones this process may use
-    # (taskset, cgroups): on fewer, its threads would wait on each other.
     backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
-                           precision=cfg.offload_precision, quantise=cfg.quantise, threads=cpu_count(),
+                           precision=cfg.offload_precision, quantise=cfg.quantise, threads=threads,
                            learner_device=learner_device)
     calibration = None
     if cfg.offload_precision == "int8":
@@ -270,7 +269,9 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     meters, unavailable = _meters(cfg)
     # Made (exported, calibrated) before the run exists, so a missing provider or bad calibration
     # episodes stop here. It runs in the producer thread; learner-only encodes in its own step.
-    backend = _backend(cfg, model, torch_device) if cfg.condition != "cache" else None
+    # ONNX Runtime sizes its thread pool by the machine's cores, not by those this process may use
+    # (taskset, cgroups): on fewer, its threads would wait on each other.
+    backend = _backend(cfg, model, torch_device, cpu_count()) if cfg.condition != "cache" else None
     if hasattr(backend, "quantise"):  # the INT8 model as made for this offload device, overflow fix decided
         cfg = dataclasses.replace(cfg, quantise=backend.quantise)
     run_dir = cfg.resume or cfg.out or \

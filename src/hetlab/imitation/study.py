@@ -6,9 +6,9 @@ other. Within a seed all conditions share the initial action expert, data order,
 (see phase_b.py).
 
 Results are keyed by the settings that shape them, so a study run again reuses only what it would
-make anew. A run lives in `<out>/<condition>-s<seed>-<digest>/`, the digest a short hash of its
-`run_settings`: every Phase-B option but where the run is written, how often it saves and whether it
-was resumed, less the offload options (device, precision, quantisation, calibration episodes) for a
+make anew. A run lives in `<out>/<condition>-s<seed>-<digest>/` (the cache condition trains once per
+`--cache-dtypes`; stored as int8 it is `cache-int8`), the digest a short hash of its `run_settings`:
+every Phase-B option but where the run is written, how often it saves and whether it was resumed, less the offload options (device, precision, quantisation, calibration episodes) for a
 condition that does not offload and the cache dtype for all but the cache. The quantisation's
 overflow fix is decided for the offload device's int8 kernels here, before training, as the run's
 backend decides it, so a run quantised for another CPU's kernels is not reused. Its evaluation lives
@@ -73,7 +73,7 @@ def study_conditions(conditions: list[str], cache_dtypes: list[str]) -> list[tup
     """(name in the study, Phase-B condition, cache dtype) of every run a seed trains: the cache
     condition once per dtype, named `cache` for FP16 and `cache-<dtype>` for another."""
     return [(study_name(condition, dtype), condition, dtype)
-            for condition in conditions for dtype in (cache_dtypes if condition == "cache" else cache_dtypes[:1])]
+            for condition in conditions for dtype in (cache_dtypes if condition == "cache" else ("fp16",))]
 
 
 def study_name(condition: str, cache_dtype: str) -> str:
@@ -123,6 +123,10 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     # The report calls the evaluation seeds held out: neither phase may have trained on them.
     check_seeds_held_out(parse_seeds(cfg.eval_seeds, "--eval-seeds"), training_seeds(phase_a, cfg.train_episodes),
                          "--eval-seeds")
+    if cfg.lr is not None and not cfg.lr > 0:
+        raise UserError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.lr_decay is not None and not 0 <= cfg.lr_decay <= 1:
+        raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {cfg.lr_decay}")
     chunk = phase_a["model"]["chunk"]
     if not 0 <= cfg.eval_replan_every <= chunk:
         raise UserError(f"--eval-replan-every must be in 0..{chunk} (the chunk), got {cfg.eval_replan_every}")

@@ -120,10 +120,9 @@ def made_with(run: Run) -> dict[str, str]:
     phase_b, results = run.config["phase_b"], run.results
     settings = {"Phase-A run": f"`{phase_b['from_run']}`", "steps": str(phase_b["steps"]),
                 "batch": str(phase_b["batch"]), "training episodes": phase_b["train_episodes"]}
-    if phase_b.get("lr") is not None:
-        decay = phase_b.get("lr_decay") or 0.0
-        settings["learning rate"] = f"{phase_b['lr']:g}" + (f", falling to 0 over the last {100 * decay:g} % of the steps"
-                                                            if decay else "")
+    decay = phase_b.get("lr_decay", 0.0)  # runs from before the option trained at a constant rate
+    settings["learning rate"] = f"{phase_b['lr']:g}" + (f", falling to 0 over the last {100 * decay:g} % of the steps"
+                                                        if decay else "")
     if run.condition.startswith("L"):
         settings["offload device"] = f"`{phase_b['offload_device']}`"
         settings["offload precision"] = phase_b["offload_precision"]
