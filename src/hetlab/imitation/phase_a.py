@@ -107,15 +107,20 @@ class PhaseAConfig:
             raise UserError(f"--batch must be ≥ 1, got {self.batch}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
             raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {self.keep_checkpoints}")
-        if self.lr is not None and not self.lr > 0:
-            raise UserError(f"--lr must be > 0, got {self.lr}")
-        if self.lr_decay is not None and not 0 <= self.lr_decay <= 1:
-            raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {self.lr_decay}")
+        check_schedule(self.lr, self.lr_decay)
         if self.image_shift is not None and self.image_shift < 0:
             raise UserError(f"--image-shift must be ≥ 0 pixels (0 = no augmentation), got {self.image_shift}")
         preset = PRESETS[self.preset or "cpu"]
         given = {name: getattr(self, name) for name in ("steps", "lr", "lr_decay", "image_shift")}
         return dataclasses.replace(preset, **{name: value for name, value in given.items() if value is not None})
+
+
+def check_schedule(lr: float | None, lr_decay: float | None) -> None:
+    """UserError for a learning rate or decay share that cannot train (None: unset)."""
+    if lr is not None and not lr > 0:
+        raise UserError(f"--lr must be > 0, got {lr}")
+    if lr_decay is not None and not 0 <= lr_decay <= 1:
+        raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {lr_decay}")
 
 
 def learning_rate(step: int, lr: float, lr_decay: float, steps: int) -> float:

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS
-from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, config_from_json, dropout_seed,
-                                  learning_rate, load_run, load_weights, open_dataset, read_run_config, run_render_quality, step_generator)
+from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, check_schedule, config_from_json,
+                                  dropout_seed, learning_rate, load_run, load_weights, open_dataset,
+                                  read_run_config, run_render_quality, step_generator)
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
@@ -109,10 +110,7 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
     for name in ("steps", "batch", "checkpoint_every", "prefetch"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(cfg, name)}")
-    if cfg.lr is not None and not cfg.lr > 0:
-        raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.lr_decay is not None and not 0 <= cfg.lr_decay <= 1:
-        raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {cfg.lr_decay}")
+    check_schedule(cfg.lr, cfg.lr_decay)
 
 
 def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: dict) -> PhaseBConfig:

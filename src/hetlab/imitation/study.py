@@ -36,7 +36,7 @@ from hetlab.errors import UserError
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS, EvalConfig, StudyConfig
 from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
 from hetlab.datasets.lerobot import load_info
-from hetlab.imitation.phase_a import check_recording, load_policy, read_run_config, run_render_quality
+from hetlab.imitation.phase_a import check_recording, check_schedule, load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b, with_phase_a_schedule
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
@@ -123,10 +123,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     # The report calls the evaluation seeds held out: neither phase may have trained on them.
     check_seeds_held_out(parse_seeds(cfg.eval_seeds, "--eval-seeds"), training_seeds(phase_a, cfg.train_episodes),
                          "--eval-seeds")
-    if cfg.lr is not None and not cfg.lr > 0:
-        raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.lr_decay is not None and not 0 <= cfg.lr_decay <= 1:
-        raise UserError(f"--lr-decay is a share of the steps, from 0 to 1; got {cfg.lr_decay}")
+    check_schedule(cfg.lr, cfg.lr_decay)
     chunk = phase_a["model"]["chunk"]
     if not 0 <= cfg.eval_replan_every <= chunk:
         raise UserError(f"--eval-replan-every must be in 0..{chunk} (the chunk), got {cfg.eval_replan_every}")
