@@ -101,4 +101,9 @@ def test_a_run_s_config_json_starts_a_new_run_with_the_same_options(tmp_path):
     a, b = (json.loads((run / "config.json").read_text()) for run in (run_a, run_b))
     assert b.pop("seed") == 3 and b.pop("config") == str(run_a / "config.json")
     assert a.pop("seed") == 0 and a.pop("config") is None
+    sources_a, sources_b = a.pop("option_sources"), b.pop("option_sources")
     assert a == b and a["algos"]["ppo"]["gamma"] == 0.97
+    # Run A took the task's recipe for what its command line left out; run B has it all from the file.
+    assert sources_a["ppo.gamma"] == "command line" and sources_a["eval_every"] == "recipe"
+    assert sources_b["seed"] == sources_b["config"] == "command line"
+    assert sources_b["ppo.gamma"] == sources_b["eval_every"] == "config file"

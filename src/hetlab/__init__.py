@@ -18,11 +18,12 @@ __version__ = "0.1.0"
 def train_policy(**options) -> Path:
     """Train as `hetlab train` does and return the run directory. Options are the command line's
     (`task`, `algo`, `envs`, `max_iterations`, …) with underscores; an algorithm's own go in a dict
-    under its name (`ppo={"gamma": 0.98}`), and so do `off_policy` and `ray_pool`."""
-    from hetlab.train.config import config_from_options
+    under its name (`ppo={"gamma": 0.98}`), and so do `off_policy` and `ray_pool`. Options not
+    given take the task's recipe (without `algo`) and, on a CPU learner, CPU-sized defaults."""
+    from hetlab.train.config import config_from_options, given_in_options
     from hetlab.train.launch import train
 
-    return train(config_from_options(options))
+    return train(config_from_options(options), given_in_options(options))
 
 
 def load_policy(run_dir: str | Path, checkpoint: int | str | None = None):

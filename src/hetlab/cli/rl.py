@@ -94,10 +94,14 @@ class TasksConfig:
 
 
 def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -> None:
-    """The registered tasks with their observation and action sizes."""
+    """The registered tasks: sizes, what "solved" means, and the recipe `hetlab train --task T` follows."""
+    import dataclasses
+
     from rich.table import Table
 
     from hetlab.tasks import TASKS
+    from hetlab.train.config import cli_name, cli_value
+    from hetlab.train.recipes import RECIPES
 
     rows = [
         {
@@ -106,6 +110,8 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
             "actions": cls.action_size,
             "control_hz": round(1.0 / cls.control_dt, 3),
             "episode_seconds": cls.episode_seconds,
+            "solved": [str(criterion) for criterion in cls.solved],
+            "recipe": dataclasses.asdict(RECIPES[name]) if name in RECIPES else None,
         }
         for name, cls in sorted(TASKS.items())
     ]
@@ -122,6 +128,16 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
             f"{row['control_hz']:g}", f"{row['episode_seconds']:g}",
         )
     console().print(table)
+    recipes = Table(title="solved when (`hetlab eval`), and the recipe `hetlab train --task T` follows without --algo")
+    for column in ("task", "solved when", "recipe (CPU learner)", "time to solved"):
+        recipes.add_column(column)
+    for row in rows:
+        recipe = row["recipe"]
+        options = "ppo, the algorithm's defaults" if recipe is None else " ".join(
+            [recipe["algo"], *(f"--{cli_name(k)} {cli_value(v)}" for k, v in {**recipe["options"], **recipe["cpu"]}.items())])
+        recipes.add_row(row["name"], ", ".join(row["solved"]) or "not defined", options,
+                        (recipe and recipe["time_to_solve"]) or "not solved yet")
+    console().print(recipes)
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,51 @@ def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
                     f"{exported.random_observations} around them: max |Δ action| = {exported.max_error:.2g} "
                     f"(tolerance {TOLERANCE:g}); metadata: {', '.join(exported.metadata)}", highlight=False,
                     soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
+    # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest
+    checkpoint: str = "latest"
+    episodes: int = 128  # one per env, all starting together
+    seed: int | None = None  # the evaluation's seed; default: the run's own (as --eval-every uses)
+    video: int = 0  # film the first K episodes to RUN_DIR/eval/<iteration>-<seed>-episode_<i>.mp4 (the `video` extra)
+    # physics step to evaluate at, in seconds; default: the run's own; 0: the task's own (a policy trained at a
+    # coarser step is worth having if it passes at the task's own)
+    sim_dt: float | None = None
+    json: bool = False  # print the result as JSON
+
+
+def eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:  # noqa: A001 - the command's name
+    """Judge a run's deterministic policy by its task's "solved" criteria over many episodes (writes RUN_DIR/eval/)."""
+    from rich.table import Table
+
+    from hetlab.deploy.evaluate import evaluate_run
+
+    report = evaluate_run(cfg.run_dir, cfg.checkpoint, cfg.episodes, cfg.seed, cfg.video, cfg.sim_dt)
+    if cfg.json:
+        print_json(report)
+        return
+    low, high = report["survival_interval"]
+    console().print(f"{report['task']}: checkpoint {report['iteration']}, {report['episodes']} episodes from seed "
+                    f"{report['seed']}, physics step {report['sim_dt']:g} s", highlight=False, soft_wrap=True)
+    table = Table()
+    for column, justify in (("criterion", "left"), ("value", "right"), ("", "left")):
+        table.add_column(column, justify=justify)
+    for judged in report["criteria"]:
+        table.add_row(judged["criterion"], f"{judged['value']:.3f}",
+                      "[green]pass[/]" if judged["passed"] else "[red]fail[/]")
+    for name, value in report["metrics"].items():
+        if name not in {judged["metric"] for judged in report["criteria"]}:
+            table.add_row(name, f"{value:.3f}", "")
+    console().print(table)
+    verdict = ("[bold green]solved[/]" if report["solved"] else "[bold red]not solved[/]") \
+        if report["solved"] is not None else f"{report['task']} defines no \"solved\" criteria"
+    console().print(f"{verdict}; {report['survived']} of {report['episodes']} episodes survived "
+                    f"(95 % Wilson interval {low:.1%}–{high:.1%}); {report['file']}", highlight=False, soft_wrap=True)
+    for video in report["videos"]:
+        console().print(f"video: {video}", highlight=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from hetlab.tasks.g1_track_motion import G1TrackMotion
 from hetlab.tasks.g1_walk import G1WalkFlat
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
 from hetlab.tasks.leap_cube_reorient import LeapCubeReorient
+from hetlab.tasks.physics_step import check_physics_step
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (CartpoleBalance, Go1JoystickFlat, G1WalkFlat, G1TrackMotion,
                                                            LeapCubeReorient)}
@@ -31,7 +32,7 @@ def make_config(name: str, **overrides) -> TaskConfig:
     if backend.needs is not None:
         # An engine other than MuJoCo may not read every part of the scene: one env, built now,
         # says which before any work starts.
-        cls(backend.make(cls.build_spec(cfg), 1, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe),
+        cls(backend.make(cls.physics_spec(cfg), 1, threads=cfg.threads, seed=cfg.seed, keyframe=cls.keyframe),
             dataclasses.replace(cfg, num_envs=1))
     return cfg
 
@@ -50,6 +51,8 @@ def _validated_config(name: str, overrides: dict) -> TaskConfig:
     if not 0 <= cfg.threads <= cores:
         raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
     cls.check_assets(cfg)
+    if cfg.sim_dt:
+        check_physics_step(cls, cfg)
     return cfg
 
 
@@ -57,7 +60,7 @@ def make_task(name: str, **overrides) -> Task:
     """Build task `name` on its physics backend: e.g. make_task("cartpole-balance", num_envs=64)."""
     cls = task_class(name)
     cfg = _validated_config(name, overrides)  # building the sim below is the engine's own check
-    sim = sim_backend(cfg.sim).make(cls.build_spec(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
+    sim = sim_backend(cfg.sim).make(cls.physics_spec(cfg), cfg.num_envs, threads=cfg.threads, seed=cfg.seed,
                                     keyframe=cls.keyframe)
     return cls(sim, cfg)
 

@@ -12,7 +12,9 @@ hooks are `_update_state` (derive this step's quantities from physics, before re
 `_timed_out` (an episode's end by time, when that is more than the step count, e.g. a clip's end),
 `_advance` (move per-env schedules on to the next step, after rewards), `_reset_envs`
 (their own start-state randomisation) and `_episode_metrics` (what a finished episode scored
-besides its return, e.g. goals reached, reported in `info["episode_metrics"]`).
+besides its return, e.g. goals reached, reported in `info["episode_metrics"]`). A task names the
+unweighted reward terms whose per-step mean over an episode is one of its metrics in
+`tracked_terms`, and what "solved" means for it in `solved` (see criteria.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import mujoco
 import numpy as np
 
 from hetlab.sim.contract import BatchSim
+from hetlab.tasks.criteria import Criterion
 
 Obs = dict[str, np.ndarray]
 Index = slice | np.ndarray  # all envs (slice(None)) or an array of env ids
@@ -41,6 +44,7 @@ class TaskConfig:
     obs_noise: float = 1.0  # multiplies the task's observation-noise scales; 0 = exact observations
     randomise: bool = True  # domain randomisation on reset
     reset_noise: float = 0.0  # uniform ± noise on joint positions/velocities at reset
+    sim_dt: float = 0.0  # physics step in seconds, dividing the control step; 0 = the task's own
 
 
 class Task(ABC):
@@ -56,9 +60,12 @@ class Task(ABC):
     reward_weights: dict[str, float]
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
     reward_floor: float | None = None  # the scaled reward is clipped from below to this, if set
+    # Reward terms whose unweighted per-step mean over an episode is an episode metric of that name.
+    tracked_terms: ClassVar[tuple[str, ...]] = ()
+    solved: ClassVar[tuple[Criterion, ...]] = ()  # what a deterministic evaluation must pass; () = undefined
     # Per-env arrays that, with the sim's state and the generator, make up the task's state;
     # subclasses extend the tuple with their own (dotted names reach into members).
-    state_arrays: ClassVar[tuple[str, ...]] = ("episode_step", "episode_return", "last_actions")
+    state_arrays: ClassVar[tuple[str, ...]] = ("episode_step", "episode_return", "last_actions", "tracked_sums")
 
     @classmethod
     @abstractmethod
@@ -66,9 +73,17 @@ class Task(ABC):
         """The task's scene as an MjSpec: physics backends compile it or read it as MJCF."""
 
     @classmethod
+    def physics_spec(cls, cfg: TaskConfig) -> mujoco.MjSpec:
+        """`build_spec` at the config's physics step (`sim_dt`), what every backend is given."""
+        spec = cls.build_spec(cfg)
+        if cfg.sim_dt:
+            spec.option.timestep = cfg.sim_dt
+        return spec
+
+    @classmethod
     def build_model(cls, cfg: TaskConfig) -> mujoco.MjModel:
         """The task's scene, compiled by MuJoCo."""
-        return cls.build_spec(cfg).compile()
+        return cls.physics_spec(cfg).compile()
 
     @classmethod
     def check_assets(cls, cfg: TaskConfig) -> None:
@@ -88,6 +103,7 @@ class Task(ABC):
         self.episode_step = np.zeros(n, np.int64)
         self.episode_return = np.zeros(n, np.float64)
         self.last_actions = np.zeros((n, self.action_size), np.float32)
+        self.tracked_sums = np.zeros((n, len(self.tracked_terms)), np.float64)
         self._obs: Obs | None = None
 
     # -- the contract -------------------------------------------------------------------------
@@ -119,6 +135,8 @@ class Task(ABC):
             weighted = (self.reward_weights[name] * self.reward_scale) * value
             reward += weighted
             term_means[name] = float(weighted.mean())
+        for column, name in enumerate(self.tracked_terms):
+            self.tracked_sums[:, column] += terms[name]
         if self.reward_floor is not None:
             np.maximum(reward, self.reward_floor, out=reward)
         reward = reward.astype(np.float32)
@@ -138,7 +156,9 @@ class Task(ABC):
             info["final_obs"] = {group: values[ids] for group, values in obs.items()}
             info["episode_return"] = self.episode_return[ids].copy()
             info["episode_length"] = self.episode_step[ids].copy()
-            info["episode_metrics"] = self._episode_metrics(ids)
+            tracked = self.tracked_sums[ids] / np.maximum(self.episode_step[ids], 1)[:, None]
+            info["episode_metrics"] = {**{name: tracked[:, column] for column, name in enumerate(self.tracked_terms)},
+                                       **self._episode_metrics(ids)}
             self._reset(ids)
             for group, values in self._observe(ids).items():
                 obs[group][ids] = values
@@ -179,6 +199,7 @@ class Task(ABC):
         self.episode_step[ids] = 0
         self.episode_return[ids] = 0.0
         self.last_actions[ids] = 0.0
+        self.tracked_sums[ids] = 0.0
         self._reset_envs(ids)
         self.sim.forward(ids)  # sensors and body poses of the new start states
 

@@ -23,6 +23,7 @@ import numpy as np
 from hetlab.assets import scene_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
+from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
@@ -63,6 +64,9 @@ class G1WalkFlat(Task):
     obs_sizes = {"policy": 103, "critic": 152}
     action_size = 29
     reward_scale = control_dt
+    # Walks on command: stays up for the whole episode and tracks the commanded velocities.
+    tracked_terms = ("tracking_lin_vel", "tracking_ang_vel")
+    solved = WALKS_ON_COMMAND
     state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values",
                                         "phase", "phase_step", "push_interval", "steps_to_push")
     reward_weights = {

@@ -20,6 +20,7 @@ import numpy as np
 from hetlab.assets import robot_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
+from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
 from hetlab.tasks.terms import (FeetState, feet_clearance, joint_limit_violation, mechanical_power, pose_similarity,
@@ -67,6 +68,9 @@ class Go1JoystickFlat(Task):
     action_size = 12
     reward_scale = control_dt
     reward_floor = 0.0  # as Playground: a step never scores below zero, so falling early never pays
+    # Walks on command: stays up for the whole episode and tracks the commanded velocities.
+    tracked_terms = ("tracking_lin_vel", "tracking_ang_vel")
+    solved = WALKS_ON_COMMAND
     state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values")
     reward_weights = {
         "tracking_lin_vel": 1.0,

@@ -24,6 +24,7 @@ import numpy as np
 
 from hetlab.assets import scene_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import quat_angle, quat_conjugate, quat_matrix_rows, quat_multiply, random_quat
 from hetlab.tasks.terms import linear_tolerance, mechanical_power, squared_norm
@@ -70,6 +71,7 @@ class LeapCubeReorient(Task):
     obs_sizes = {"policy": 57, "critic": 94}
     action_size = 16
     reward_scale = control_dt
+    solved = (Criterion("goals", 1.0),)  # at least one goal orientation reached per episode, on average
     state_arrays = Task.state_arrays + ("previous_actions", "goals")
     reward_weights = {
         "orientation": 5.0,

@@ -51,7 +51,7 @@ class _BackendBench:
         self.task.reset()
         task = self.task
         # Standing still on its keyframe controls.
-        self.plain = sim_backend(sim).bare_physics(task.build_spec(task.cfg), cfg.envs, task.sim.threads, task.keyframe)
+        self.plain = sim_backend(sim).bare_physics(task.physics_spec(task.cfg), cfg.envs, task.sim.threads, task.keyframe)
         self.actions = np.random.default_rng(0).uniform(-1, 1, (16, cfg.envs, task.action_size)).astype(np.float32)
         self.physics_seconds = 0.0
         backend_step = task.sim.step

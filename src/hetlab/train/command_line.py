@@ -4,8 +4,10 @@ The command line shows and accepts only the chosen algorithm's `--<algo>.*` grou
 --algo sac --help` lists SAC's options, not the five others'); an option of another algorithm is
 refused in one line rather than ignored. `--config FILE` makes a file's options the starting
 point (a run's config.json, or TOML in the same layout) and the options given beside it override
-them. The algorithm is the one `--algo` names, else the config file's, else PPO; a resumed run
-(`--resume` without `--algo`) keeps its own.
+them. The algorithm is the one `--algo` names, else the config file's, else the task's recipe's
+(train/recipes.py), else PPO; a resumed run (`--resume` without `--algo`) keeps its own.
+`given_options` says which options the command line and the file set, so that what was not given
+can take the recipe's, the CPU-sized or the resumed run's value.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import tyro
 
 from hetlab.algos import ALGO_CONFIGS
 from hetlab.errors import UserError
-from hetlab.train.config import AlgoConfigs, TrainConfig, read_config_file
+from hetlab.train.config import AlgoConfigs, TrainConfig, option_names, read_config_data, read_config_file
+from hetlab.train.recipes import RECIPES
 
 
 def command_type(args: list[str]) -> tuple[type, object]:
@@ -27,8 +30,10 @@ def command_type(args: list[str]) -> tuple[type, object]:
     config_file = _value_of("--config", args)
     base = read_config_file(Path(config_file)) if config_file else TrainConfig()
     algo = _value_of("--algo", args)
-    if algo is None and (config_file or not _value_of("--resume", args)):
-        algo = base.algo
+    if algo is None and not _value_of("--resume", args):
+        recipe = RECIPES.get(_value_of("--task", args) or base.task)
+        in_file = config_file is not None and "algo" in option_names(read_config_data(Path(config_file)))
+        algo = recipe.algo if recipe is not None and not in_file else base.algo
     # A resumed run's algorithm (None here) is its own, checked with its other options when the run
     # is read; an unknown --algo is tyro's to refuse, naming the choices. Both parse every group.
     if algo not in ALGO_CONFIGS:
@@ -40,6 +45,36 @@ def command_type(args: list[str]) -> tuple[type, object]:
                                 f"give --algo {other}, or drop it")
     command, command_algos = _config_types_for(algo, base)
     return command, _converted(base, command, command_algos)
+
+
+def given_options(args: list[str]) -> dict[str, str]:
+    """The options `hetlab train ARGS` sets, by name (`envs`, `ppo.gamma`, `ray_pool.collectors`),
+    each with where: "command line", or "config file" for those only the --config file sets. An
+    option given at its default value is given."""
+    config_file = _value_of("--config", args)
+    given = dict.fromkeys(option_names(read_config_data(Path(config_file))), "config file") if config_file else {}
+    for arg in args:
+        if not arg.startswith("--") or arg == "--":
+            continue
+        name = arg[2:].split("=", 1)[0].replace("-", "_")
+        if name.startswith("ray."):
+            name = "ray_pool." + name.removeprefix("ray.")
+        elif name.startswith("no_") and name not in _OPTION_NAMES:  # a flag's negation: --no-scale-defaults
+            name = name.removeprefix("no_")
+        given[name] = "command line"
+    return given
+
+
+def _every_option(config, prefix: str = ""):
+    for option in dataclasses.fields(config):
+        value = getattr(config, option.name)
+        if dataclasses.is_dataclass(value):
+            yield from _every_option(value, "" if option.name == "algos" else f"{prefix}{option.name}.")
+        else:
+            yield f"{prefix}{option.name}"
+
+
+_OPTION_NAMES = frozenset(_every_option(TrainConfig()))
 
 
 def as_train_config(parsed) -> TrainConfig:

@@ -69,6 +69,8 @@ class TrainConfig:
     algo: Literal[tuple(ALGO_CONFIGS)] = "ppo"  # learning algorithm; its options are the --<algo>.* group
     task: str = "go1-joystick-flat"  # task to train (`hetlab tasks` lists them)
     motion: str = ""  # g1-track-motion: the reference clip (.npz) to follow; "" = the task's own
+    # physics step in seconds; it must divide the control step and keep the task's keyframe standing; 0 = the task's own
+    sim_dt: float = 0.0
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
@@ -85,6 +87,9 @@ class TrainConfig:
     max_seconds: float = 0.0  # wall-clock budget; 0 = none
     # stop once the mean return of the last 100 episodes reaches this; None = never
     target_return: float | None = None
+    # stop, with a checkpoint, once a deterministic evaluation (--eval-every) passes the task's "solved"
+    # criteria (`hetlab tasks` lists them)
+    until_solved: bool = False
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations
     # These four, left unset, take RUN_DEFAULTS in a new run and the run's own values in a resumed one.
@@ -149,9 +154,9 @@ class TrainConfig:
         return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
 
     @property
-    def task_options(self) -> dict[str, str]:
+    def task_options(self) -> dict[str, object]:
         """The task's own options the run sets (each task refuses the ones it does not have)."""
-        return {"motion": self.motion} if self.motion else {}
+        return {name: value for name, value in (("motion", self.motion), ("sim_dt", self.sim_dt)) if value}
 
     @property
     def envs_per_collector(self) -> int:
@@ -192,6 +197,78 @@ RUN_DEFAULTS = {"keep_checkpoints": 2, "eval_every": 0, "eval_envs": 16, "video_
 def with_run_defaults(cfg: TrainConfig) -> TrainConfig:
     """`cfg` with RUN_DEFAULTS for the options left unset."""
     return dataclasses.replace(cfg, **{name: value for name, value in RUN_DEFAULTS.items() if getattr(cfg, name) is None})
+
+
+# config.json's table of where each option's value came from (not an option itself).
+OPTION_SOURCES = "option_sources"
+
+
+def option_path(name: str) -> tuple[str, ...]:
+    """The field path of an option's name in TrainConfig: `ppo.gamma` → algos.ppo.gamma, `off_policy.lead`."""
+    head, *rest = name.split(".")
+    return ("algos", head, *rest) if head in ALGO_CONFIGS else (head, *rest)
+
+
+def option_value(config, name: str):
+    """The value of the option called `name` in a TrainConfig; ValueError if there is none."""
+    for field_name in option_path(name):
+        if not dataclasses.is_dataclass(config) or field_name not in {f.name for f in dataclasses.fields(config)}:
+            raise ValueError(f"{name!r} is not a `hetlab train` option")
+        config = getattr(config, field_name)
+    return config
+
+
+def cli_name(name: str) -> str:
+    """An option's name as the command line spells it, without the dashes in front: ray_pool.collectors → ray.collectors."""
+    head, dot, rest = name.partition(".")
+    return ("ray" if head == "ray_pool" and dot else head).replace("_", "-") + dot + rest.replace("_", "-")
+
+
+def cli_value(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def option_names(options: dict) -> set[str]:
+    """The names of the options a dict of them sets: a config file's layout (algorithms under
+    "algos") or `train_policy`'s (each algorithm's dict under its name); off_policy and ray_pool as
+    dicts in both."""
+    names = set()
+    for key, value in options.items():
+        if key == "algos" and isinstance(value, dict):
+            names |= {f"{algo}.{name}" for algo, group in value.items() for name in group}
+        elif isinstance(value, dict) and (key in ALGO_CONFIGS or key in ("off_policy", "ray_pool")):
+            names |= {f"{key}.{name}" for name in value}
+        elif key != OPTION_SOURCES:
+            names.add(key)
+    return names
+
+
+def options_set(cfg: TrainConfig) -> set[str]:
+    """The options `cfg` sets away from their defaults, by name."""
+    return set(_set_away(cfg, TrainConfig(), ""))
+
+
+def _set_away(config, default, prefix: str):
+    for option in dataclasses.fields(config):
+        value, unset = getattr(config, option.name), getattr(default, option.name)
+        if dataclasses.is_dataclass(value):
+            # The algorithms' groups have no prefix of their own on the command line (--ppo.*).
+            yield from _set_away(value, unset, "" if option.name == "algos" else f"{prefix}{option.name}.")
+        elif value != unset:
+            yield f"{prefix}{option.name}"
+
+
+def given_in_options(options: dict) -> dict[str, str]:
+    """The options `train_policy(**options)` sets, by name: "python" for its keywords, "config
+    file" for those only its `config` file sets."""
+    in_file = option_names(read_config_data(Path(options["config"]))) if options.get("config") else set()
+    return dict.fromkeys(in_file, "config file") | dict.fromkeys(option_names(options), "python")
+
+
+def read_option_sources(run_dir: Path) -> dict[str, str]:
+    """Where the values of a run's config.json came from; {} for runs from before it was recorded."""
+    sources = read_rl_run_config(run_dir).get(OPTION_SOURCES, {})
+    return dict(sources) if isinstance(sources, dict) else {}
 
 
 def with_option(config, path: tuple[str, ...], value):
@@ -237,6 +314,15 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"--video-every must be ≥ 0 (0 = no videos), got {cfg.video_every}")
     if cfg.max_seconds < 0:
         raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {cfg.max_seconds}")
+    if cfg.until_solved:
+        from hetlab.tasks import task_class
+
+        if not task_class(cfg.task).solved:
+            raise UserError(f"--until-solved: {cfg.task} has no \"solved\" criteria to stop at; use --target-return "
+                            "or a budget instead")
+        if not cfg.eval_every:
+            raise UserError("--until-solved stops when an evaluation passes the task's criteria: give --eval-every N "
+                            "(and --eval-envs, 128 or more for a result worth quoting)")
     if cfg.seed < 0:  # numpy's seed sequences take non-negative integers only
         raise UserError(f"--seed must be ≥ 0, got {cfg.seed}")
     if cfg.envs % cfg.collectors:
@@ -300,9 +386,18 @@ def config_from_options(options: dict) -> TrainConfig:
         raise UserError(f"{e}; the options are `hetlab train --help`'s, with underscores") from e
 
 
+_FIX_CONFIG_FILE = "fix it, or pass a run's config.json"
+
+
 def read_config_file(path: Path) -> TrainConfig:
     """The options of a config file (.json: a run's config.json; .toml: the same layout)."""
-    fix = "fix it, or pass a run's config.json"
+    return config_from_saved(read_config_data(path), path, _FIX_CONFIG_FILE)
+
+
+def read_config_data(path: Path) -> dict:
+    """A config file's options as it lays them out, without `resume`: a file describes a run to
+    start, and which run to continue, if any, is the command line's choice."""
+    fix = _FIX_CONFIG_FILE
     if path.suffix not in (".json", ".toml"):
         raise UserError(f"--config takes a .json file (a run's config.json) or a .toml one, got {path}")
     try:
@@ -315,9 +410,8 @@ def read_config_file(path: Path) -> TrainConfig:
         raise UserError(f"--config {path} is not valid {path.suffix[1:].upper()} ({e}); {fix}") from e
     if not isinstance(data, dict):
         raise UserError(f"--config {path} holds a JSON {type(data).__name__}, not options by name; {fix}")
-    # A file describes a run to start: which run to continue, if any, is the command line's choice.
     data.pop("resume", None)
-    return config_from_saved(data, path, fix)
+    return data
 
 
 def load_run_config(run_dir: Path) -> TrainConfig:
@@ -330,6 +424,7 @@ def config_from_saved(data: dict, source: Path, fix: str) -> TrainConfig:
     """A TrainConfig from config.json's layout (options by name; an algorithm's under "algos", its
     name; "off_policy" and "ray_pool" as tables); UserError naming `source` and saying `fix`."""
     data = dict(data)
+    data.pop(OPTION_SOURCES, None)
     try:
         saved = data.pop("algos", {})
         # Runs from before an algorithm existed lack its section.

@@ -1,8 +1,10 @@
 """`hetlab train`: from a config to a running loop.
 
-Resolve the config (a resumed run's own, with the options a resumed run may change; a new run's
-defaults scaled to the learner device it picks), validate it, split the CPU threads, create the
-run directory with the resolved config.json, and hand the run to its algorithm's loop.
+Resolve the config — a resumed run's own, with the options a resumed run may change that the
+launch gives; a new run's: the options given (command line, --config file or `train_policy`), then
+the task's recipe (without --algo) and the algorithm's CPU-sized defaults on a CPU learner for the
+options not given — validate it, split the CPU threads, create the run directory with the resolved
+config.json (and where each value came from), and hand the run to its algorithm's loop.
 Everything a user can get wrong fails here, before the run directory exists.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -22,28 +25,34 @@ from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.run_meta import META_FILE, record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
-from hetlab.train.config import (TrainConfig, load_run_config, validate, with_option, with_ray_pool_sizes,
+from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_value, load_run_config, option_path,
+                                 option_value, options_set, read_option_sources, validate, with_option, with_ray_pool_sizes,
                                  with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
+from hetlab.train.recipes import RECIPES
 from hetlab.train.loggers import require_logger
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
 from hetlab.train.video import check_rendering
 
-# What a resumed run takes from the command line: its budgets, where it runs and where a run
-# resumed from an older checkpoint goes. Everything else is the run's own; a command line that
-# asks for another value is refused.
-RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "device", "threads", "checkpoint_every",
-                     "keep_checkpoints", "eval_every", "eval_envs", "video_every", "resume", "runs_dir", "ray",
-                     "ray_pool.max_restarts")
-# Of those, the ones a resume leaves unset (None) keep the run's values: a run that keeps every
-# checkpoint, evaluates, or records videos goes on doing so.
-KEPT_UNLESS_GIVEN = ("keep_checkpoints", "eval_every", "eval_envs", "video_every")
+# What a resumed run may take from the launch: its budgets, cadences, where it runs and where a run
+# resumed from an older checkpoint goes. Everything else is the run's own; a launch that gives
+# another value is refused.
+RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "until_solved", "device", "threads",
+                     "checkpoint_every", "keep_checkpoints", "eval_every", "eval_envs", "video_every", "resume",
+                     "runs_dir", "ray", "ray_pool.max_restarts")
+# Of those, the ones that say where this launch runs take its values, given or not; the others keep
+# the run's own unless given (a resume with no budget keeps the run's budget).
+LAUNCH_OPTIONS = ("device", "threads", "resume", "runs_dir", "ray")
 
 
-def train(cfg: TrainConfig) -> Path:
-    """Run training; returns the run directory."""
-    resume_state, branch_of, given = None, None, cfg
+def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
+    """Run training; returns the run directory. `given`: the options the caller set, by name
+    (`envs`, `ppo.gamma`, `off_policy.lead`, `ray_pool.collectors`), each with where it was set
+    (command line, config file, python); None: the options `cfg` sets away from their defaults, and
+    its algorithm (a TrainConfig names one: no recipe chooses it)."""
+    given = dict(given) if given is not None else dict.fromkeys({"algo", *options_set(cfg)}, "python")
+    resume_state, branch_of, launch, sources = None, None, cfg, {}
     if cfg.resume:
         run_dir = Path(cfg.resume)
         chosen = checkpoint_dir(run_dir, cfg.checkpoint)
@@ -51,8 +60,9 @@ def train(cfg: TrainConfig) -> Path:
         if chosen != checkpoint_dir(run_dir):
             branch_of = (run_dir, chosen)
         # Which checkpoint to start from is this launch's choice; the run goes on from its newest.
-        given = dataclasses.replace(cfg, checkpoint="latest")
-        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(given, given))
+        launch = dataclasses.replace(cfg, checkpoint="latest")
+        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(launch, launch), given)
+        sources = read_option_sources(run_dir) | {name: f"{origin} (resume)" for name, origin in given.items()}
     elif cfg.checkpoint != "latest":
         raise UserError(f"--checkpoint {cfg.checkpoint} picks the checkpoint --resume continues from; "
                         "give --resume RUN_DIR too")
@@ -60,9 +70,14 @@ def train(cfg: TrainConfig) -> Path:
     if cfg.motion:  # absolute, so that play and export find the clip from anywhere
         cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
     device = pick_device(cfg.device)
-    # A resumed run keeps its saved values, resolved for the device it started on.
-    cfg, scaled = scale_defaults(cfg, device) if resume_state is None else (cfg, {})
-    cfg = with_ray_pool_sizes(cfg, given)  # explicit sizes win over the scaled defaults
+    scaled, from_recipe = {}, {}
+    if resume_state is None:  # a resumed run keeps its saved values, resolved for the device it started on
+        sources = dict(given)
+        cfg, from_recipe = with_recipe(cfg, given, device.is_accelerator)
+        sources |= dict.fromkeys(from_recipe, "recipe")
+        cfg, scaled = scale_defaults(cfg, device, fixed=set(given) | set(from_recipe))
+        sources |= dict.fromkeys(scaled, "cpu default")
+    cfg = with_ray_pool_sizes(cfg, launch)  # explicit sizes win over the scaled defaults
     validate(cfg)
     require_logger(cfg.logger)
     if cfg.video_every:
@@ -79,9 +94,12 @@ def train(cfg: TrainConfig) -> Path:
         if branch_of:
             branch_run(*branch_of, run_dir, resume_state["iteration"])
         # A resume writes it again: the budgets and options it may change are the run's from now on.
-        write_text_atomic(run_dir / "config.json", json.dumps(saved_config(cfg, device.torch_device), indent=2))
+        write_text_atomic(run_dir / "config.json",
+                          json.dumps(saved_config(cfg, device.torch_device, sources), indent=2))
         record_launch(run_dir, device.torch_device, device.name)
         print(run_dir, flush=True)  # first line: where everything goes
+        if from_recipe:
+            print(recipe_line(cfg.task, from_recipe), flush=True)
         if scaled:
             print(scaled_line(scaled), flush=True)
 
@@ -110,11 +128,13 @@ def branch_run(source: Path, checkpoint: Path, run_dir: Path, iteration: int) ->
     write_text_atomic(run_dir / META_FILE, json.dumps({"launches": launches, **branched}, indent=2))
 
 
-def saved_config(cfg: TrainConfig, torch_device: str) -> dict:
+def saved_config(cfg: TrainConfig, torch_device: str, sources: Mapping[str, str]) -> dict:
     """config.json: the resolved options (the device picked, not "auto") and only the chosen
-    algorithm's group; a resumed run's other groups take their defaults, which it never reads."""
+    algorithm's group (a resumed run's other groups take their defaults, which it never reads),
+    and `option_sources`: where each value not left at its default came from."""
     saved = dataclasses.asdict(dataclasses.replace(cfg, device=torch_device.split(":")[0]))
     saved["algos"] = {cfg.algo: saved["algos"][cfg.algo]}
+    saved[OPTION_SOURCES] = dict(sorted(sources.items()))
     return saved
 
 
@@ -135,29 +155,35 @@ def open_pool(cfg: TrainConfig) -> CollectorPool:
     return RayPool(cluster, cfg.ray_pool.max_restarts)
 
 
-def resumed_config(saved: TrainConfig, given: TrainConfig) -> TrainConfig:
-    """The saved config with the command line's RESUMABLE_OPTIONS; UserError if the command line
-    sets any other option to something else than the run has."""
-    for option, value, own in _changed(given, saved, TrainConfig(), ""):
-        if option not in RESUMABLE_OPTIONS:
-            raise UserError(f"--resume continues {given.resume} with its own options, but --{option.replace('_', '-')} "
+def resumed_config(saved: TrainConfig, launch: TrainConfig, given: Mapping[str, str]) -> TrainConfig:
+    """The saved config with the launch's LAUNCH_OPTIONS and the RESUMABLE_OPTIONS it gives;
+    UserError if it gives any other option a value the run does not have."""
+    for option in given:
+        value, own = option_value(launch, option), option_value(saved, option)
+        if option not in RESUMABLE_OPTIONS and value != own:
+            raise UserError(f"--resume continues {launch.resume} with its own options, but --{cli_name(option)} "
                             f"asks for {value!r} where the run has {own!r}; start a new run to change it")
     for option in RESUMABLE_OPTIONS:
-        value = given
-        for name in option.split("."):
-            value = getattr(value, name)
-        if option in KEPT_UNLESS_GIVEN and value is None:
-            continue
-        saved = with_option(saved, tuple(option.split(".")), value)
+        if option in LAUNCH_OPTIONS or option in given:
+            saved = with_option(saved, option_path(option), option_value(launch, option))
     return saved
 
 
-def _changed(given, saved, default, prefix: str):
-    """(option, given value, saved value) of each option set away from its default and the saved value."""
-    for option in dataclasses.fields(given):
-        value, own, unset = (getattr(config, option.name) for config in (given, saved, default))
-        if dataclasses.is_dataclass(value):
-            # The algorithms' groups have no prefix of their own on the command line (--ppo.*).
-            yield from _changed(value, own, unset, "" if option.name == "algos" else f"{prefix}{option.name}.")
-        elif value != unset and value != own:
-            yield f"{prefix}{option.name}", value, own
+def with_recipe(cfg: TrainConfig, given: Mapping[str, str], accelerator: bool) -> tuple[TrainConfig, dict]:
+    """(cfg with its task's recipe for the options not given, {option: value} it set); a run that
+    names its algorithm, or a task without a recipe, takes none."""
+    recipe = RECIPES.get(cfg.task)
+    if recipe is None or "algo" in given:
+        return cfg, {}
+    cfg = dataclasses.replace(cfg, algo=recipe.algo)
+    applied = {option: value for option, value in recipe.for_device(accelerator).items() if option not in given}
+    for option, value in applied.items():
+        cfg = with_option(cfg, option_path(option), value)
+    return cfg, {"algo": recipe.algo, **applied}
+
+
+def recipe_line(task: str, applied: dict) -> str:
+    """The line a run prints at its start when it follows its task's recipe."""
+    options = " ".join(f"--{cli_name(option)} {cli_value(value)}" for option, value in applied.items())
+    return (f"{task}'s recipe: {options} (give an option to change it, or --algo to train without the recipe; "
+            "`hetlab tasks` lists the recipes)")

@@ -192,6 +192,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                     stopped_by = "target_return"
                     break
             if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
+                if cfg.until_solved and evaluated.get("eval/solved"):
+                    stopped_by = "solved"
+                    break
                 _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
         finally:
             wall = time.perf_counter() - start

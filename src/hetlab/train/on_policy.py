@@ -131,6 +131,9 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                     stopped_by = "target_return"
                     break
         finally:
+                if cfg.until_solved and evaluated.get("eval/solved"):
+                    stopped_by = "solved"
+                    break
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()

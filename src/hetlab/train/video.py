@@ -26,6 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -59,57 +60,84 @@ FINISH_S = 60.0  # how long the end of a run waits for the videos still to come
 NICENESS = 10  # the side process yields the CPU to the collectors and the learner
 
 
+class EnvFilm:
+    """An mp4 of env `env_id` of `task`, one frame of its current state per `add()`; a context
+    manager, which writes the file (atomically) when its block succeeds."""
+
+    def __init__(self, task, env_id: int, path: Path | str, width: int, height: int):
+        self.av = require("video", "av", "writing a video")
+        self.task, self.env_id = task, env_id
+        self.model, self.data = task.sim.render_state(env_id)  # the env as an MjModel/MjData to render
+        model = self.model
+        model.vis.global_.offwidth = max(width, model.vis.global_.offwidth)
+        model.vis.global_.offheight = max(height, model.vis.global_.offheight)
+        self.camera = TRACKING_CAMERA if _has_camera(model, TRACKING_CAMERA) else _free_camera(model)
+        if model.nlight == 0:  # MuJoCo's dim default headlight leaves an unlit scene near-black
+            model.vis.headlight.ambient, model.vis.headlight.diffuse = [0.4] * 3, [0.8] * 3
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(path)
+        self._closing = ExitStack()
+        with self._closing as opening:  # whatever was opened closes again if a later part fails
+            self.renderer = opening.enter_context(make_renderer(model, width, height))
+            tmp = opening.enter_context(atomic_path(path))
+            self.container = opening.enter_context(self.av.open(str(tmp), "w", format="mp4"))
+            self.stream = _video_stream(self.av, self.container, Fraction(1 / task.dt).limit_denominator(1000),
+                                        width, height)
+            self._closing = opening.pop_all()
+
+    def add(self) -> np.ndarray:
+        """Render the env's state now into the next frame; returns the frame."""
+        self.task.sim.render_state(self.env_id, self.model, self.data)
+        self.renderer.update_scene(self.data, camera=self.camera)
+        frame = self.renderer.render()
+        self.container.mux(self.stream.encode(self.av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        return frame
+
+    def __enter__(self) -> EnvFilm:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.container.mux(self.stream.encode())  # flush the encoder's delayed frames
+        self._closing.__exit__(exc_type, exc, traceback)
+
+
 def record_policy_video(task, act: Callable[[np.ndarray], np.ndarray], video: Path | str, seconds: float, width: int,
                         height: int, on_frame: Callable[[np.ndarray], None] | None = None,
                         progress: bool = False) -> dict:
     """Record `act` (policy observations → actions, numpy) acting in env 0 of `task` to `video`,
     handing each frame to `on_frame` too; returns the frame count, fps and every episode seen
     (return, length, and how it ended: "terminated", "truncated", or "video" if still running)."""
-    av = require("video", "av", "writing a video")
     steps = max(1, round(seconds / task.dt))
-    fps = Fraction(1 / task.dt).limit_denominator(1000)
-    model, data = task.sim.render_state(0)  # one env of the batch, as an MjModel/MjData to render
-    model.vis.global_.offwidth = max(width, model.vis.global_.offwidth)
-    model.vis.global_.offheight = max(height, model.vis.global_.offheight)
-    camera = TRACKING_CAMERA if _has_camera(model, TRACKING_CAMERA) else _free_camera(model)
-    if model.nlight == 0:  # MuJoCo's dim default headlight leaves an unlit scene near-black
-        model.vis.headlight.ambient, model.vis.headlight.diffuse = [0.4] * 3, [0.8] * 3
-
     episodes = []
     obs = task.reset()["policy"]
-    Path(video).parent.mkdir(parents=True, exist_ok=True)
     # Software GL (llvmpipe) takes ~0.1–0.4 s a frame at 640×480 with shadows: show progress.
     control_steps = track(range(steps), description="rendering", console=Console(stderr=True), transient=True) \
         if progress else range(steps)
-    with make_renderer(model, width, height) as renderer, atomic_path(video) as tmp, \
-            av.open(str(tmp), "w", format="mp4") as container:
-        stream = _video_stream(av, container, fps, width, height)
+    with EnvFilm(task, 0, video, width, height) as film:
         for _ in control_steps:
             groups, _, terminated, _, info = task.step(act(obs))
             obs = groups["policy"]
             if "done_ids" in info:
                 episodes.append(_episode(info["episode_return"][0], info["episode_length"][0],
                                          "terminated" if terminated[0] else "truncated"))
-            task.sim.render_state(0, model, data)
-            renderer.update_scene(data, camera=camera)
-            frame = renderer.render()
+            frame = film.add()
             if on_frame is not None:
                 on_frame(frame)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())  # flush the encoder's delayed frames
     if task.episode_step[0]:
         episodes.append(_episode(task.episode_return[0], task.episode_step[0], "video"))
+    fps = Fraction(1 / task.dt).limit_denominator(1000)
     return {"video": str(video), "frames": steps, "fps": float(fps), "width": width, "height": height,
             "episodes": episodes}
 
 
-def check_rendering() -> None:
-    """--video-every's needs, before a run directory exists: PyAV, and a headless GL backend that renders."""
-    require("video", "av", "--video-every")
+def check_rendering(option: str = "--video-every") -> None:
+    """What `option`'s videos need, checked before any work: PyAV, and a headless GL backend that renders."""
+    require("video", "av", option)
     try:
         working_backend()
     except UserError as e:
-        raise UserError(f"--video-every renders the policy headless, but {e}") from e
+        raise UserError(f"{option} renders the policy headless, but {e}") from e
 
 
 @dataclass(frozen=True, repr=False)

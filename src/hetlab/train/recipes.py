@@ -1,0 +1,46 @@
+"""Each task's recipe: the algorithm and options `hetlab train --task T` uses when `--algo` is not given.
+
+A recipe is plain data: option names as `cpu_defaults` spells them (the command line's name with
+underscores: `envs`, `ppo.actor_hidden`, `off_policy.replay_capacity`), the values sized for an
+accelerator learner in `options` and, over them, those for a CPU learner in `cpu`. Every option
+given on the command line, in a --config file or to `train_policy` wins over the recipe; the run's
+config.json records which values came from it (`option_sources`). `time_to_solve` is what was
+measured with it, on the hardware it names (docs/benchmarks.md has the run behind each number).
+A task without a recipe trains with PPO and the algorithm's defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Recipe:
+    algo: str
+    options: dict[str, object]  # on any learner
+    cpu: dict[str, object] = field(default_factory=dict)  # on a CPU learner, over `options`
+    time_to_solve: str = ""  # measured with this recipe, naming the hardware; "" = not solved yet
+
+    def for_device(self, accelerator: bool) -> dict[str, object]:
+        return dict(self.options) if accelerator else {**self.options, **self.cpu}
+
+
+# Every recipe evaluates 128 episodes deterministically at its cadence, so that --until-solved can
+# stop it and `best` names the best policy by the task's criteria' evaluation.
+RECIPES: dict[str, Recipe] = {
+    "cartpole-balance": Recipe(
+        algo="ppo",
+        # A pole on a cart needs no rsl_rl-sized networks: 64-64 trains it about twice as fast.
+        options={"envs": 128, "horizon": 32, "ppo.actor_hidden": (64, 64), "ppo.critic_hidden": (64, 64),
+                 "eval_every": 10, "eval_envs": 128},
+        time_to_solve="",
+    ),
+    "go1-joystick-flat": Recipe(
+        algo="ppo",
+        options={"eval_every": 50, "eval_envs": 128},
+        # Two cores: 512 envs, smaller networks than rsl_rl's 512-256-128, gentler initial exploration.
+        cpu={"envs": 512, "ppo.actor_hidden": (256, 128, 64), "ppo.critic_hidden": (256, 128, 64),
+             "ppo.init_noise_std": 0.5},
+        time_to_solve="",
+    ),
+}
