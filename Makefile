@@ -30,11 +30,12 @@ setup:
 	@test "$$(cat $(VENV)/.torch 2>/dev/null)" = '$(TORCH)' || rm -f $(VENV)/.installed
 	@$(MAKE) --no-print-directory $(VENV)/.installed
 
-# The main job: PPO on the Go1 joystick task for 14 minutes, sized for a 2-core CPU machine
-# (512 envs, smaller networks than rsl_rl's 512-256-128, gentler initial exploration).
+# The main job: the Go1 joystick task's recipe (`hetlab tasks`) for at most 14 minutes, stopping once
+# an evaluation passes its "solved" criteria; then the final policy judged over 128 episodes and one
+# of them filmed (the last lines name the video).
 run: setup
-	$(VENV)/bin/hetlab train --algo ppo --task go1-joystick-flat --envs 512 --max-seconds 840 \
-		--ppo.actor-hidden 256 128 64 --ppo.critic-hidden 256 128 64 --ppo.init-noise-std 0.5
+	$(VENV)/bin/hetlab train --task go1-joystick-flat --max-seconds 840 --until-solved
+	$(VENV)/bin/hetlab eval "$$(ls -td runs/go1-joystick-flat-*/*/ | head -n 1)" --video 1
 
 test: setup
 	$(PY) -m pytest -q

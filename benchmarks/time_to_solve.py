@@ -1,0 +1,105 @@
+"""How long a task's recipe takes to reach "solved" here: one `hetlab train --until-solved` run, its
+criteria against wall-clock time, and the final policy judged by `hetlab eval`.
+
+    .venv/bin/python benchmarks/time_to_solve.py --task go1-joystick-flat [--budget-minutes 14]
+        [--seeds 0 1] [--eval-sim-dt 0] [-- extra hetlab train options, e.g. --sim-dt 0.01 --envs 1024]
+
+Each seed trains the task's recipe (with the extra options on top) until an evaluation passes every
+criterion or the budget runs out, then `hetlab eval` judges the last checkpoint over 128 episodes
+(at the task's own physics step with --eval-sim-dt 0, which a recipe training at a coarser step must
+pass). Run it alone: on a 2-core machine any other process slows every number. Writes
+runs/benchmarks/time_to_solve-<task>.{json,png}, and prints a markdown table with the hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--task", required=True)
+parser.add_argument("--budget-minutes", type=float, default=14.0)
+parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+parser.add_argument("--eval-sim-dt", type=float, default=None,
+                    help="physics step of the final evaluation; default: the run's own; 0: the task's own")
+parser.add_argument("--runs-dir", default="runs/benchmarks/time_to_solve")
+parser.add_argument("extra", nargs="*", help="options for hetlab train after --, over the recipe")
+args = parser.parse_args()
+
+HETLAB = str(Path(sys.executable).with_name("hetlab"))
+OUT = Path("runs/benchmarks")
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def run_seed(seed: int) -> dict:
+    train = subprocess.run(
+        [HETLAB, "train", "--task", args.task, "--until-solved", "--seed", str(seed), "--max-iterations", "100000000",
+         "--max-seconds", str(args.budget_minutes * 60), "--runs-dir", args.runs_dir, *args.extra],
+        check=True, capture_output=True, text=True)
+    run_dir = Path(train.stdout.splitlines()[0])
+    evaluate = [HETLAB, "eval", str(run_dir), "--json"]
+    if args.eval_sim_dt is not None:
+        evaluate += ["--sim-dt", str(args.eval_sim_dt)]
+    final = json.loads(subprocess.run(evaluate, check=True, capture_output=True, text=True).stdout)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = json.loads((run_dir / "history.json").read_text())
+    solved_at = next((row for row in history if row.get("eval/solved") == 1.0), None)
+    return {"seed": seed, "run": str(run_dir), "stopped_by": summary["stopped_by"],
+            "env_steps": summary["env_steps"], "wall_seconds": summary["wall_seconds"],
+            "solved_env_steps": solved_at and solved_at["env_steps"],
+            "solved_wall_seconds": solved_at and solved_at["wall_seconds"],
+            "evaluations": [{key: value for key, value in row.items() if key.startswith("eval/") or key in
+                             ("env_steps", "wall_seconds", "mean_return")} for row in history if "eval/return" in row],
+            "final_eval": final}
+
+
+results = [run_seed(seed) for seed in args.seeds]
+hardware = f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores"
+OUT.mkdir(parents=True, exist_ok=True)
+report = {"task": args.task, "extra_options": args.extra, "budget_minutes": args.budget_minutes,
+          "hardware": hardware, "seeds": results}
+(OUT / f"time_to_solve-{args.task}.json").write_text(json.dumps(report, indent=2))
+
+criteria = results[0]["final_eval"]["criteria"]
+fig, axes = plt.subplots(1, len(criteria), figsize=(4.2 * len(criteria), 3.4), squeeze=False)
+for ax, criterion in zip(axes[0], criteria):
+    for result in results:
+        rows = result["evaluations"]
+        ax.plot([row["wall_seconds"] / 60 for row in rows], [row[f"eval/{criterion['metric']}"] for row in rows],
+                "o-", label=f"seed {result['seed']}")
+    ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
+    ax.set_xlabel("wall-clock minutes")
+    ax.set_title(criterion["metric"])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+fig.suptitle(f"{args.task}: deterministic evaluations while training ({hardware})", fontsize="small")
+fig.tight_layout()
+fig.savefig(OUT / f"time_to_solve-{args.task}.png", dpi=120)
+
+print(f"| task | seed | options over the recipe | solved at (min / env steps) | final: "
+      f"{' · '.join(c['criterion'] for c in criteria)} | hardware |")
+print("|---|---:|---|---|---|---|")
+for result in results:
+    final = result["final_eval"]
+    solved = (f"{result['solved_wall_seconds'] / 60:.1f} min / {result['solved_env_steps']:,}"
+              if result["solved_wall_seconds"] is not None else
+              f"not in {result['wall_seconds'] / 60:.1f} min ({result['env_steps']:,} steps)")
+    values = " · ".join(f"{c['value']:.3f} {'✓' if c['passed'] else '✗'}" for c in final["criteria"])
+    print(f"| {args.task} | {result['seed']} | {' '.join(args.extra) or '—'} | {solved} | {values} "
+          f"(at {final['sim_dt']:g} s) | {hardware} |")
