@@ -11,7 +11,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test setup clean
+.PHONY: run test test-isa setup clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The tests whose tolerances depend on which kernels run, again on an AVX2-only CPU's kernels (docs/reliability.md).
+ISA_TESTS := tests/policies/test_ar_actor.py tests/offload/test_offload_export.py tests/offload/test_offload_backends.py \
+	tests/offload/test_openvino_backend.py \
+	tests/imitation/test_phase_b.py::test_offloaded_fp32_prefix_trains_like_the_learner_only_condition
+test-isa: setup
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q $(ISA_TESTS)
 
 clean:
 	rm -rf $(VENV)
