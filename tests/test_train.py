@@ -275,12 +275,13 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
             assert line or learner.poll() is None, learner.stderr.read()
             iterations += line.startswith("it ")
         learner.send_signal(signal.SIGINT)
-        learner.communicate(timeout=20)
+        _, stderr = learner.communicate(timeout=20)
     finally:
         learner.kill()
-    assert learner.returncode == 0
+    assert learner.returncode == 130, stderr[-3000:]  # 128 + SIGINT, as for a process Ctrl-C ended
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by"] == "interrupted" and summary["iterations"] >= 3
+    assert f"resume with: hetlab train --resume {run_dir}\n" in stderr
     pointer = json.loads((run_dir / "checkpoint.json").read_text())
     assert pointer["iteration"] == summary["iterations"]
     assert segments_of(learner.pid) == []

@@ -161,12 +161,14 @@ def test_a_killed_worker_is_reported_within_seconds():
         assert time.monotonic() - started < 3
 
 
-def test_ctrl_c_is_left_to_the_parent():
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: signal.Signals(s).name)
+def test_stop_signals_are_left_to_the_parent(signum):
+    # Ctrl-C, a hang-up, `timeout` or `kill -TERM -PGID` signal the whole process group.
     with WorkerPool(1, sleep_for) as pool:
         pool.submit(0)
         _, worker = pool.next()
         pool.submit(0.5)
-        os.kill(worker, signal.SIGINT)  # while it works on the job
+        os.kill(worker, signum)  # while it works on the job
         assert pool.next() == (0.5, worker)
 
 

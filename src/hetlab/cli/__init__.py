@@ -15,6 +15,7 @@ from importlib import import_module
 import hetlab
 from hetlab.cli.parsing import Group, run
 from hetlab.errors import UserError
+from hetlab.stop_signals import handled
 
 DESCRIPTION = "Train robot policies with each stage on the device that suits it."
 # Every command in the order `hetlab --help` lists them: name → the module of hetlab.cli defining it
@@ -39,14 +40,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"hetlab {hetlab.__version__}")
         return
     try:
-        if args[:1] == ["train"]:  # its options follow the rest of the command line: the chosen algorithm's
-            from hetlab.cli.train import train_command
+        with handled():  # SIGINT, SIGTERM and SIGHUP stop any command cleanly, with status 128 + the signal
+            if args[:1] == ["train"]:  # its options follow the rest of the command line: the chosen algorithm's
+                from hetlab.cli.train import train_command
 
-            run("hetlab train", train_command(args[1:]), args[1:])
-        elif args and args[0] in COMMANDS:
-            run(f"hetlab {args[0]}", command(args[0]), args[1:])
-        else:  # --help, or no command or a misspelt one: the list of commands or tyro's error
-            run("hetlab", every_command(), args)
+                run("hetlab train", train_command(args[1:]), args[1:])
+            elif args and args[0] in COMMANDS:
+                run(f"hetlab {args[0]}", command(args[0]), args[1:])
+            else:  # --help, or no command or a misspelt one: the list of commands or tyro's error
+                run("hetlab", every_command(), args)
     except UserError as e:
         from rich.markup import escape
 
@@ -54,6 +56,4 @@ def main(argv: list[str] | None = None) -> None:
 
         err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import threading
+import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from hetlab.policies.resnet import load_imagenet
 from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
 from hetlab.run_meta import record_launch
 from hetlab.seeds import parse_seeds
+from hetlab.stop_signals import resume_with, stop_guard
 
 
 @dataclass(frozen=True)
@@ -349,8 +349,6 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
         persistent_workers=False)
     history_path = run_dir / "history.jsonl"
     writer = SummaryWriter(str(run_dir / "tensorboard"))
-    interrupted = threading.Event()
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
     start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
     first_step = step
     stopped_by = "steps"
@@ -362,7 +360,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
     try:
-        with progress, open(history_path, "a") as history:
+        with stop_guard() as interrupted, progress, open(history_path, "a") as history:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
             for batch in loader:
                 images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
@@ -400,12 +398,13 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
                     stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
                     break
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
         writer.close()
         torch.set_num_threads(threads_before)
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
     _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)
+    if stopped_by == "interrupted" and (run_dir / "checkpoint.json").is_file():
+        resume_with(f"hetlab aloha train --resume {shlex.quote(str(run_dir))}")
     return run_dir
 
 

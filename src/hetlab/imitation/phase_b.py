@@ -16,13 +16,15 @@ transfer, encode, update), power per device with energy per sample, the learner'
 
 A run resumes exactly (`resume`): the checkpoint holds the expert and its optimizer, and the
 batches, masks and dropout of a step depend only on (seed, step). Its time, power and memory
-figures then describe the resumed launch.
+figures then describe the resumed launch. Ctrl-C, SIGTERM or SIGHUP stop `aloha train --phase B`
+after the step under way, with a checkpoint (hetlab.stop_signals).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -54,6 +56,7 @@ from hetlab.run_meta import record_launch
 from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
+from hetlab.stop_signals import resume_with, stop_guard
 
 DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
@@ -338,7 +341,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         write_text_atomic(run_dir / "history.json", json.dumps(history))  # a crash keeps the rows up to here
 
     try:
-        with Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
+        with stop_guard() as interrupted, \
+                Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
             while True:
                 with learner.span("wait_data"):
                     prepared = prefetcher.get()
@@ -390,8 +394,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     progress.update(job, completed=step)
                 if step % cfg.checkpoint_every == 0:
                     checkpoint()
-                if cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds:
-                    stopped_by = "max_seconds"
+                if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds):
+                    stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
                     break
     finally:
         wall = time.perf_counter() - started
@@ -415,6 +419,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     write_text_atomic(run_dir / "history.json", json.dumps(history))
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
+    if stopped_by == "interrupted":
+        resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
     return run_dir
 
 

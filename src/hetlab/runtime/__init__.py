@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import queue
+import signal
+from multiprocessing import resource_tracker
 
 POLL_S = 0.1  # how often a waiting thread or process checks whether it should stop
 
@@ -25,3 +27,15 @@ def put_unless_stopped(target, item, stop=None) -> bool:
         except queue.Full:
             if stop is not None and stop.is_set():
                 return False
+
+
+def start_resource_tracker() -> None:
+    """Python's resource tracker (it unlinks the shared memory and semaphores a process leaves
+    behind), started unless it runs already with SIGHUP blocked, which it inherits. It ignores
+    SIGINT and SIGTERM itself, but the hang-up of a terminal reaches the whole process group and
+    would end it before this process has stopped and unlinked what it tracks."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

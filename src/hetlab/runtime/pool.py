@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import signal
 import threading
 import time
 import traceback
@@ -26,7 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetlab.runtime import POLL_S
+from hetlab.runtime import POLL_S, start_resource_tracker
+from hetlab.stop_signals import ignore_stop_signals
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class ProcessPool(CollectorPool):
     lost one stops the run (`check` raises), so `CollectorJob.replace` goes unused here."""
 
     def __init__(self):
+        start_resource_tracker()
         self._context = multiprocessing.get_context("spawn")
         self._stop = self._context.Event()
         self._errors = self._context.Queue()  # (collector index, traceback)
@@ -154,7 +155,7 @@ class ProcessPool(CollectorPool):
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self._processes:
             if process.is_alive():
-                process.terminate()
+                process.kill()  # it ignores SIGTERM
                 process.join()
         draining.set()
         self._errors.cancel_join_thread()
@@ -163,7 +164,7 @@ class ProcessPool(CollectorPool):
 
 def _run(index: int, target: Callable[..., None], args: tuple, stop: StopSignal, errors) -> None:
     """A collector process: the job, with any exception reported to the learner with its traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop
+    ignore_stop_signals()  # the learner decides when to stop, after its last checkpoint
     try:
         target(*args, stop=stop)
     except BaseException:

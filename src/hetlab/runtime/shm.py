@@ -25,6 +25,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 
 from hetlab.errors import UserError
+from hetlab.runtime import start_resource_tracker
 
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared memory (a tmpfs, often small in containers)
 ALIGN = 64  # every field starts on its own cache line: aligned views, no false sharing between fields
@@ -86,6 +87,7 @@ class ShmRequirement:
 def create_segment(prefix: str, requirement: ShmRequirement) -> Segment:
     """A new zero-filled segment named `<prefix>_<pid>_<random>`, after checking it fits."""
     requirement.check()
+    start_resource_tracker()
     return Segment(name=f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}", create=True, size=requirement.nbytes)
 
 

@@ -9,11 +9,11 @@ worker that dies (a crash in native code, the OOM killer, kill -9) is reported w
 instead of waited for. A job stuck for good (a deadlock in native code) is found by `next`'s
 timeout; `restart()` replaces the workers and hands the pending jobs out again.
 
-Workers ignore SIGINT: Ctrl-C reaches the whole process group, and the parent decides what it
-means. They exit by themselves once the parent is gone, so even a parent killed outright leaves no
-orphans. Use the pool as a context manager: leaving the block normally lets the workers finish
-(a sentinel each, then join); leaving it on an exception, or with results nobody will read,
-terminates them.
+Workers ignore SIGINT, SIGTERM and SIGHUP (`hetlab.stop_signals`): Ctrl-C, a hang-up, `timeout`
+or `kill -TERM -PGID` reach the whole process group, and the parent decides what they mean. They
+exit by themselves once the parent is gone, so even a parent killed outright leaves no orphans.
+Use the pool as a context manager: leaving the block normally lets the workers finish (a sentinel
+each, then join); leaving it on an exception, or with results nobody will read, terminates them.
 
 (`hetlab.runtime.pool` is the training loops' collector pool: long-lived collectors streaming
 into shared memory, not jobs with results.)
@@ -26,7 +26,6 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
 import threading
 import time
 import traceback
@@ -34,11 +33,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hetlab.errors import UserError
-from hetlab.runtime import POLL_S
+from hetlab.runtime import POLL_S, start_resource_tracker
+from hetlab.stop_signals import ignore_stop_signals
 
 LAST_WORDS_S = 1.0  # how long a worker seen dead may take to deliver what it sent before exiting
 CLOSE_S = 10.0  # how long close() waits for workers to finish their last jobs before terminating them
-TERMINATE_S = 5.0  # how long a terminated worker has to exit before it is killed
 
 
 class WorkerPool:
@@ -56,6 +55,7 @@ class WorkerPool:
         self._start()
 
     def _start(self) -> None:
+        start_resource_tracker()
         context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and GL state badly
         self._jobs, self._results = context.Queue(), context.Queue()
         self._ended = False
@@ -135,19 +135,16 @@ class WorkerPool:
         self.terminate()
 
     def terminate(self) -> None:
-        """End every worker now (SIGTERM, then SIGKILL for one that lingers). Idempotent."""
+        """End every worker now (SIGKILL: they ignore SIGTERM). Idempotent."""
         if self._ended:
             return
         self._ended = True
         for process in self._processes:
             if process.is_alive():
-                process.terminate()
+                process.kill()
         for process in self._processes:
             if process.pid is not None:
-                process.join(TERMINATE_S)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+                process.join()
         for q in (self._jobs, self._results):
             q.cancel_join_thread()  # don't block on flushing jobs nobody will take
             q.close()
@@ -186,7 +183,7 @@ def _call(_, call: tuple[Callable[..., Any], tuple]) -> Any:
 
 def _serve(work, setup, setup_args: tuple, jobs, results) -> None:
     """A worker process: set up, then take jobs until the sentinel (None)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_stop_signals()
     # A parent killed outright cannot end its workers: each notices and exits.
     parent = multiprocessing.parent_process()
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), name="hetlab-parent-watch", daemon=True).start()

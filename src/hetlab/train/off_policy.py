@@ -31,9 +31,10 @@ from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.replay import ReplayBuffer, ReplayStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
+from hetlab.stop_signals import stop_guard
 from hetlab.tasks import task_class
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
+from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
 
@@ -67,7 +68,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf
     stopped_by = "max_iterations"
-    with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+    with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, ReplayBuffer(layout) as replay, ExitStack() as resources, \
             pool:
         timeline = record.timeline
@@ -191,10 +192,10 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
                 if reached(cfg.target_return, returns):
                     stopped_by = "target_return"
                     break
-            if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
                 if cfg.until_solved and evaluated.get("eval/solved"):
                     stopped_by = "solved"
                     break
+            if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
                 _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
         finally:
             wall = time.perf_counter() - start

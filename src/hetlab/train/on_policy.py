@@ -4,9 +4,9 @@ Top to bottom: lay out the rollout ring and the weight broadcast in shared memor
 collectors through the pool; then per iteration take a staged batch, update, publish the new
 weights, log, and checkpoint. `sync` mode is collect → learn → collect (the collectors wait
 for each new version); `async` mode lets them run ahead into free ring slots. Whatever ends
-the run — the iteration or time budget, Ctrl-C (at the next iteration boundary, with a final
-checkpoint), a failed collector — the collectors are stopped and shared memory is unlinked;
-a run that was not failed writes its summary, trace and plots.
+the run — the iteration or time budget, Ctrl-C, SIGTERM or SIGHUP (at the next iteration
+boundary, with a final checkpoint), a failed collector — the collectors are stopped and shared
+memory is unlinked; a run that was not failed writes its summary, trace and plots.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
+from hetlab.stop_signals import stop_guard
 from hetlab.train.evaluation import PolicyEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, interrupt_guard, mean, reached
+from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
 
@@ -48,7 +49,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     best_return = best["eval/return"] if best else -math.inf
     start = time.perf_counter()
     stopped_by = "max_iterations"
-    with interrupt_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+    with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, \
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
             WeightBroadcast(algo.actor.state_dict()) as weights, pool:
@@ -130,10 +131,10 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
                 if reached(cfg.target_return, returns):
                     stopped_by = "target_return"
                     break
-        finally:
                 if cfg.until_solved and evaluated.get("eval/solved"):
                     stopped_by = "solved"
                     break
+        finally:
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()

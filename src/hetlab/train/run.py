@@ -5,24 +5,25 @@ the tracker --logger names: see loggers.py) and a console line, the policy video
 --video-every as they come, at every checkpoint history.json (so a crash keeps the rows up to its
 last checkpoint), and at the end summary.json, the Chrome trace and the plots. A resumed launch continues the record of
 the earlier ones — rows, wall-clock time, time breakdown, trace — so resuming never shrinks
-what a run has written. `interrupt_guard()` turns Ctrl-C into a flag the loops check at
-iteration boundaries, where a checkpoint is consistent.
+what a run has written. A run that a stop signal ended (`hetlab.stop_signals.stop_guard`: the
+loops stop at an iteration boundary, where a checkpoint is consistent) names the command that
+resumes it (`resume_command`).
 """
 
 from __future__ import annotations
 
 import json
-import signal
+import shlex
 import statistics
-import threading
 from collections import defaultdict, deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 from rich.console import Console
 
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
+from hetlab.stop_signals import resume_with
 from hetlab.train.loggers import PolicyVideo, make_loggers
 
 console = Console()
@@ -59,15 +60,11 @@ def reached(target_return: float | None, episode_columns: dict[str, float]) -> b
     return target_return is not None and episode_columns["mean_return"] >= target_return
 
 
-@contextmanager
-def interrupt_guard():
-    """An Event that Ctrl-C sets instead of raising KeyboardInterrupt, for the block's duration."""
-    interrupted = threading.Event()
-    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set())
-    try:
-        yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
+def resume_command(cfg, run_dir: Path) -> str:
+    """The command that continues the run from its newest checkpoint. A resume keeps the run's own
+    options and budgets; where it runs is that launch's choice, but a run on a Ray cluster goes on
+    using one."""
+    return shlex.join(["hetlab", "train", "--resume", str(run_dir), *(["--ray", cfg.ray] if cfg.ray else [])])
 
 
 class RunRecord:
@@ -177,6 +174,8 @@ class RunRecord:
             self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
         _print_summary(summary, self.run_dir)
+        if stopped_by == "interrupted" and (self.run_dir / "checkpoint.json").is_file():
+            resume_with(resume_command(cfg, self.run_dir))
         return summary
 
 
