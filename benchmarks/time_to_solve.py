@@ -77,7 +77,7 @@ report = {"task": args.task, "extra_options": args.extra, "budget_minutes": args
 (OUT / f"time_to_solve-{args.task}.json").write_text(json.dumps(report, indent=2))
 
 criteria = results[0]["final_eval"]["criteria"]
-fig, axes = plt.subplots(1, len(criteria), figsize=(4.2 * len(criteria), 3.4), squeeze=False)
+fig, axes = plt.subplots(1, len(criteria), figsize=(max(6.4, 4.2 * len(criteria)), 3.4), squeeze=False)
 for ax, criterion in zip(axes[0], criteria):
     for result in results:
         rows = result["evaluations"]
