@@ -119,7 +119,6 @@ def test_onnx_runtime_on_an_avx2_cpu_needs_the_fix_and_auto_gives_it(visual, fp3
     # What the kernels saw is an AVX2-only CPU (valgrind hides /proc/cpuinfo's AVX-512 and VNNI from CPUID).
     assert cpu_features(platform.machine(), numpy_view, "").flags == AVX2_ONLY.flags
     off, fixed = cosines(off, visual, images, state), cosines(fixed, visual, images, state)
-    print("ORT", off, fixed)
     # The saturating kernels ran: without the fix every boundary is further from FP32 than with it,
     # and the deeper ones miss the goal (this tiny encoder: 0.9990, 0.9986, 0.9973, 0.9966).
     assert all(off[k] < fixed[k] for k in off) and min(off.values()) < INT8_COSINE, (off, fixed)
