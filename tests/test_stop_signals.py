@@ -22,10 +22,17 @@ SMALL_PPO = ["--algo", "ppo", "--ppo.actor-hidden", "32", "32", "--ppo.critic-hi
 CARTPOLE = ["--task", "cartpole-balance", "--envs", "64", "--horizon", "16", "--max-iterations", "10000", *SMALL_PPO]
 
 
+def default_stop_signals() -> None:
+    """The stop signals' default handling in a child, as a terminal starts a command: a job started
+    in the background or under nohup inherits them ignored, and hetlab keeps an ignored one so."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start(*args: str) -> subprocess.Popen:
     """`hetlab ARGS` as the leader of a process group of its own, so that the group can be signalled."""
     return subprocess.Popen([HETLAB, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_stop_signals)
 
 
 def after_iterations(learner: subprocess.Popen, iterations: int) -> Path:

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
-SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
+
+
+def default_stop_signals() -> None:
+    """Ctrl-C's default handling in the child, as a terminal starts a command (a background job
+    inherits SIGINT ignored, and hetlab keeps an ignored signal so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# PPO named, so that no task's recipe applies: these runs train the algorithm's own defaults.
+SMALL_NETS = ["--algo", "ppo", "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
 SMALL_SAC = ["--algo", "sac", "--sac.actor-hidden", "32", "32", "--sac.critic-hidden", "32", "32", "--sac.batch-size", "64",
              "--sac.learning-starts", "5", "--off-policy.replay-capacity", "16000"]
 
@@ -265,7 +272,7 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
     learner = subprocess.Popen(
         [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", "--envs", "16",
          "--horizon", "8", "--max-iterations", "100000", "--checkpoint-every", "100000", *SMALL_NETS],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_stop_signals,
     )
     try:
         run_dir = Path(learner.stdout.readline().strip())
