@@ -20,7 +20,8 @@ import tyro
 
 from hetlab.algos import ALGO_CONFIGS
 from hetlab.errors import UserError
-from hetlab.train.config import AlgoConfigs, TrainConfig, option_names, read_config_data, read_config_file
+from hetlab.train.config import (AlgoConfigs, TrainConfig, every_option, option_names, read_config_data,
+                                 read_config_file)
 from hetlab.train.recipes import RECIPES
 
 
@@ -65,16 +66,7 @@ def given_options(args: list[str]) -> dict[str, str]:
     return given
 
 
-def _every_option(config, prefix: str = ""):
-    for option in dataclasses.fields(config):
-        value = getattr(config, option.name)
-        if dataclasses.is_dataclass(value):
-            yield from _every_option(value, "" if option.name == "algos" else f"{prefix}{option.name}.")
-        else:
-            yield f"{prefix}{option.name}"
-
-
-_OPTION_NAMES = frozenset(_every_option(TrainConfig()))
+_OPTION_NAMES = frozenset(every_option())
 
 
 def as_train_config(parsed) -> TrainConfig:

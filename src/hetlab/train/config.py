@@ -245,17 +245,23 @@ def option_names(options: dict) -> set[str]:
 
 def options_set(cfg: TrainConfig) -> set[str]:
     """The options `cfg` sets away from their defaults, by name."""
-    return set(_set_away(cfg, TrainConfig(), ""))
+    return {name for name, value, default in _options(cfg, TrainConfig(), "") if value != default}
 
 
-def _set_away(config, default, prefix: str):
+def every_option() -> set[str]:
+    """Every option of `hetlab train`, by name."""
+    return {name for name, _, _ in _options(TrainConfig(), TrainConfig(), "")}
+
+
+def _options(config, default, prefix: str):
+    """(name, value, default value) of every option of `config`."""
     for option in dataclasses.fields(config):
         value, unset = getattr(config, option.name), getattr(default, option.name)
         if dataclasses.is_dataclass(value):
             # The algorithms' groups have no prefix of their own on the command line (--ppo.*).
-            yield from _set_away(value, unset, "" if option.name == "algos" else f"{prefix}{option.name}.")
-        elif value != unset:
-            yield f"{prefix}{option.name}"
+            yield from _options(value, unset, "" if option.name == "algos" else f"{prefix}{option.name}.")
+        else:
+            yield f"{prefix}{option.name}", value, unset
 
 
 def given_in_options(options: dict) -> dict[str, str]:
