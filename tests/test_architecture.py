@@ -13,7 +13,7 @@ SOURCE = Path(hetlab.__file__).parent
 # Lowest first: a module may import its own layer and the layers before it. Layer names are
 # module paths below `hetlab`; the longest matching prefix places a module.
 LAYERS = [
-    ["errors", "files", "stop_signals", "seeds", "extras", "onnx_export", "devices", "cpu_isa", "checkpoint",
+    ["errors", "files", "dir_lock", "stop_signals", "seeds", "extras", "onnx_export", "devices", "cpu_isa", "checkpoint",
      "run_config", "run_meta", "assets", "headless_gl", "measure"],
     ["sim"],
     ["tasks"],

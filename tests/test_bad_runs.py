@@ -9,6 +9,7 @@ console script does (the `refusal` fixture).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 import hetlab.imitation.phase_a as phase_a
+from hetlab.dir_lock import exclusive_writer
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
@@ -49,7 +51,7 @@ def rl_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("rl")
     result = subprocess.run(
         [HETLAB, "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "2",
-         "--runs-dir", str(runs), "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"],
+         "--checkpoint-every", "1", "--runs-dir", str(runs), "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -117,3 +119,46 @@ def test_a_config_that_is_not_an_object_is_one_line(phase_a_run, tmp_path, refus
     shutil.copytree(phase_a_run, run)
     (run / "config.json").write_text("[]")
     assert "is corrupt (a JSON list, not an object)" in refusal("aloha", "eval", run)
+
+
+# --- a run in use ---------------------------------------------------------------------------------------
+
+def test_a_run_in_use_is_refused_in_one_line(rl_run, refusal):
+    with exclusive_writer(rl_run, "run"):  # as another process training it holds it
+        line = refusal("train", "--resume", rl_run, "--max-iterations", "9")
+    assert line.startswith(f"error: {rl_run} is in use: another hetlab process (pid {os.getpid()}) is writing this run")
+
+
+# --- a damaged checkpoint or history ------------------------------------------------------------------
+
+def truncated_copy(run: Path, to: Path, relative: str) -> Path:
+    """A copy of `run` with the file at `relative` cut to half its size (a disk that failed under it)."""
+    shutil.copytree(run, to)
+    target = to / relative
+    target.write_bytes(target.read_bytes()[:target.stat().st_size // 2])
+    return target
+
+
+def newest_checkpoint(run: Path) -> str:
+    return "checkpoints/" + json.loads((run / "checkpoint.json").read_text())["latest"]
+
+
+@pytest.mark.parametrize("command", [["train", "--resume"], ["export"]])
+def test_damaged_checkpoint_tensors_are_one_line_naming_them_and_the_older_checkpoint(rl_run, tmp_path, refusal,
+                                                                                       command):
+    damaged = truncated_copy(rl_run, tmp_path / "run", f"{newest_checkpoint(rl_run)}/tensors.safetensors")
+    line = refusal(*command, tmp_path / "run", *(["--max-iterations", "9"] if command[0] == "train" else []))
+    assert line.startswith(f"error: checkpoint {damaged.parent} is damaged (SafetensorError")
+    assert "it keeps step(s) 1: `hetlab train --resume` continues from one with --checkpoint N" in line
+
+
+def test_a_damaged_checkpoint_pointer_is_one_line_that_says_how_to_fix_it(rl_run, tmp_path, refusal):
+    pointer = truncated_copy(rl_run, tmp_path / "run", "checkpoint.json")
+    line = refusal("train", "--resume", tmp_path / "run", "--max-iterations", "9")
+    assert line.startswith(f"error: {pointer} is corrupt (") and '"latest"' in line
+
+
+def test_a_damaged_history_is_one_line(rl_run, tmp_path, refusal):
+    history = truncated_copy(rl_run, tmp_path / "run", "history.json")
+    line = refusal("train", "--resume", tmp_path / "run", "--max-iterations", "9")
+    assert line.startswith(f"error: {history} is corrupt (") and "move it away to resume" in line

@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hetlab.errors import UserError
-from hetlab.files import fsync_directory, fsync_tree, temporary_sibling, temporary_target, write_text_atomic
+from hetlab.files import (fsync_directory, fsync_tree, space_checked, temporary_sibling, temporary_target,
+                          write_text_atomic)
 
 KEEP = 2  # newest checkpoints kept per run
 BEST_FILE = "best.json"
@@ -69,13 +71,14 @@ def save_checkpoint(run_dir: Path, iteration: int, state: dict[str, Any],
     final = checkpoints / _fresh_name(iteration, _named(run_dir))
     tmp = temporary_sibling(final, directory=True)
     try:
-        tensors: dict[str, torch.Tensor] = {}
-        tree = _flatten(state, "", tensors)
-        save_file(tensors, tmp / "tensors.safetensors")
-        (tmp / "state.json").write_text(json.dumps(tree))
-        if write_extra is not None:
-            write_extra(tmp)
-        fsync_tree(tmp)
+        with space_checked(final):
+            tensors: dict[str, torch.Tensor] = {}
+            tree = _flatten(state, "", tensors)
+            save_file(tensors, tmp / "tensors.safetensors")
+            (tmp / "state.json").write_text(json.dumps(tree))
+            if write_extra is not None:
+                write_extra(tmp)
+            fsync_tree(tmp)
         shutil.rmtree(final, ignore_errors=True)  # not the named one: a leftover of an earlier crash
         tmp.rename(final)
         fsync_directory(checkpoints)
@@ -134,6 +137,9 @@ def checkpoint_dir(run_dir: Path, iteration: int | str | None = None) -> Path:
     ("best"), or of the one saved at `iteration` (a number)."""
     pointer = run_dir / "checkpoint.json"
     if not pointer.is_file():
+        if (run_dir / "config.json").is_file():  # a run stopped before its first checkpoint
+            raise UserError(f"{run_dir} has no checkpoint.json: it stopped before its first checkpoint, so there is "
+                            "nothing to continue; start the run again")
         raise UserError(f"{run_dir} has no checkpoint.json; pass a run directory written by `hetlab train`")
     try:
         newest = run_dir / "checkpoints" / json.loads(pointer.read_text())["latest"]
@@ -175,9 +181,10 @@ def read_checkpoint(run_dir: Path, path: Path) -> dict[str, Any]:
     try:
         tensors = load_file(path / "tensors.safetensors")
         tree = json.loads((path / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"checkpoint {path} is unreadable ({e}); to resume from an older one, name a directory of "
-            f"{run_dir / 'checkpoints'} as \"latest\" in {pointer}"
-        ) from e
-    return _unflatten(tree, tensors)
+        return _unflatten(tree, tensors)
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:
+        older = sorted((checkpoint_iteration(p) for p in (run_dir / "checkpoints").iterdir()
+                        if CHECKPOINT_NAME.fullmatch(p.name) and p != path), reverse=True)
+        instead = (f"it keeps step(s) {', '.join(map(str, older))}: `hetlab train --resume` continues from one with "
+                   f"--checkpoint N, or name its directory as \"latest\" in {pointer}") if older else "it keeps no other"
+        raise UserError(f"checkpoint {path} is damaged ({type(e).__name__}: {e}); {instead}") from e

@@ -8,15 +8,44 @@ temporary file; the last rename wins, and either way the file is whole.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
 
+from hetlab.errors import UserError
+
 # ".<target>.<token>.tmp<target's suffix>": the suffix stays last for writers that choose the format by
 # it. Earlier versions used ".<target>.tmp<suffix>", which a crash may have left behind too.
 _TEMPORARY = re.compile(r"\.(?P<target>.+?)(?:\.[0-9a-f]{16})?\.tmp(?P<suffix>(?:\.[^.]+)?)")
+
+
+# How a full disk, a quota or a file-size limit (RLIMIT_FSIZE) shows: an OSError's errno; in the text
+# of libraries that wrap it (safetensors' Rust "os error N"; numpy's short write "N requested and M written").
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_NO_SPACE_TEXT = re.compile(r"os error (28|122|27)\b|No space left|Disk quota exceeded|File too large|"
+                            r"\d+ requested and \d+ written")
+
+
+def out_of_space(error: BaseException) -> bool:
+    """Whether `error` is a write that found no room."""
+    if isinstance(error, OSError) and error.errno in _NO_SPACE_ERRNOS:
+        return True
+    return isinstance(error, Exception) and _NO_SPACE_TEXT.search(str(error)) is not None
+
+
+@contextmanager
+def space_checked(path: Path | str):
+    """A block that writes `path`: a write that found no room becomes one line naming the file."""
+    try:
+        yield
+    except Exception as e:
+        if out_of_space(e):
+            raise UserError(f"no space left to write {path} ({e}); what was written before it is intact: free "
+                            "space on its disk, then run again") from e
+        raise
 
 
 def temporary_sibling(path: Path | str, directory: bool = False) -> Path:
@@ -40,6 +69,13 @@ def temporary_target(path: Path | str) -> str | None:
     `path` is not named as this module names temporary files."""
     match = _TEMPORARY.fullmatch(Path(path).name)
     return match["target"] if match is not None and match["target"].endswith(match["suffix"]) else None
+
+
+def remove_temporaries(directory: Path | str) -> None:
+    """Delete the temporary files writers killed mid-write left directly in `directory`."""
+    for path in Path(directory).iterdir():
+        if path.is_file() and temporary_target(path) is not None:
+            path.unlink(missing_ok=True)
 
 
 def fsync_file(path: Path | str) -> None:
@@ -75,8 +111,9 @@ def atomic_path(path: Path | str):
     path = Path(path)
     tmp = temporary_sibling(path)
     try:
-        yield tmp
-        fsync_file(tmp)
+        with space_checked(path):
+            yield tmp
+            fsync_file(tmp)
         os.replace(tmp, path)
         fsync_directory(path.parent)
     finally:

@@ -102,10 +102,16 @@ def stop_guard():
 
 
 def resume_with(command: str) -> None:
-    """Name the command that continues the job from what it has written so far; `handled()` prints
-    it when a stop signal ended the command."""
+    """Name the command that continues the job from what it has written so far (a job names it once it
+    has a checkpoint); `handled()` prints it when a stop signal ended the command, and the CLI when a
+    refusal did (a full disk)."""
     global _resume
     _resume = command
+
+
+def named_resume() -> str | None:
+    """The command that continues the job, if it named one."""
+    return _resume
 
 
 def ignore_stop_signals() -> None:

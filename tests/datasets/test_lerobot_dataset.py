@@ -246,7 +246,7 @@ def test_writer_refuses_other_settings_and_a_second_writer(tiny_dataset):
     with pytest.raises(UserError, match="other settings"):
         LeRobotWriter(tiny_dataset.root, replace(spec, height=48))
     with LeRobotWriter(tiny_dataset.root, spec):
-        with pytest.raises(UserError, match="another process"):
+        with pytest.raises(UserError, match="is in use: another hetlab process"):
             LeRobotWriter(tiny_dataset.root, spec)
 
 

@@ -15,7 +15,8 @@ from importlib import import_module
 import hetlab
 from hetlab.cli.parsing import Group, run
 from hetlab.errors import UserError
-from hetlab.stop_signals import handled
+from hetlab.files import out_of_space
+from hetlab.stop_signals import handled, named_resume
 
 DESCRIPTION = "Train robot policies with each stage on the device that suits it."
 # Every command in the order `hetlab --help` lists them: name → the module of hetlab.cli defining it
@@ -49,11 +50,18 @@ def main(argv: list[str] | None = None) -> None:
                 run(f"hetlab {args[0]}", command(args[0]), args[1:])
             else:  # --help, or no command or a misspelt one: the list of commands or tyro's error
                 run("hetlab", every_command(), args)
-    except UserError as e:
+    except (UserError, OSError) as e:
+        # A write that found no room outside the files hetlab writes atomically (which say so themselves):
+        # TensorBoard's event file, a log appended to.
+        if isinstance(e, OSError) and not out_of_space(e):
+            raise
         from rich.markup import escape
 
         from hetlab.cli.output import err_console
 
-        err_console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        message = str(e) if isinstance(e, UserError) else f"no space left to write ({e}); free space on its disk, then run again"
+        err_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+        if named_resume() is not None:  # e.g. a disk that filled up: the job continues once there is room
+            print(f"resume with: {named_resume()}", file=sys.stderr, flush=True)
         sys.exit(2)
 

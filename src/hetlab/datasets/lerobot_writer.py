@@ -15,12 +15,12 @@ one process holding the writer) numbers the episode and makes it part of the dat
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import shutil
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,12 +33,12 @@ from hetlab.datasets.lerobot_format import (CHUNKS_SIZE, CODEBASE_VERSION, DATA_
                                             EPISODES_DIR, EPISODES_PATH, INDEX_FEATURES, INFO_PATH, STATS_PATH,
                                             TASKS_PATH, VIDEO_FILES_SIZE_IN_MB, VIDEO_PATH, chunk_and_file)
 from hetlab.datasets.video import CODEC_NAME, PIX_FMT, encode_video
+from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
-from hetlab.files import atomic_path, temporary_target, write_text_atomic
+from hetlab.files import atomic_path, space_checked, temporary_target, write_text_atomic
 
 STATE, ACTION, DONE = "observation.state", "action", "next.done"
 STAGING_DIR = ".staging"
-LOCK_FILE = ".writer.lock"
 # The files a writer replaces through a temporary one (videos come from the staging directory instead).
 WRITTEN_THROUGH_TEMPORARY = re.compile(r"file-[0-9]+\.parquet|info\.json|stats\.json|tasks\.parquet")
 
@@ -105,7 +105,8 @@ def stage_episode(staging_dir: Path, spec: DatasetSpec, images: dict[str, np.nda
     for key in spec.cameras:
         frames = np.asarray(images[key], dtype=np.uint8)
         videos[key] = folder / f"{key}.mp4"
-        encode_video(frames, videos[key], spec.fps)
+        with space_checked(videos[key]):
+            encode_video(frames, videos[key], spec.fps)
         image_stats[key] = stats_lib.image_stats(frames)
     return StagedEpisode(state, action, videos, image_stats, dict(extra or {}))
 
@@ -118,13 +119,8 @@ class LeRobotWriter:
     def __init__(self, root: Path | str, spec: DatasetSpec):
         self.root, self.spec = Path(root), spec
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock = open(self.root / LOCK_FILE, "w")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            raise UserError(f"{self.root} is being written by another process; wait for it or choose another "
-                            "directory") from None
+        self._lock = ExitStack()
+        self._lock.enter_context(exclusive_writer(self.root, "dataset"))
         try:
             self._episodes = self._open()
         except BaseException:
@@ -186,7 +182,7 @@ class LeRobotWriter:
 
     def close(self) -> None:
         shutil.rmtree(self.staging_dir, ignore_errors=True)
-        self._lock.close()  # releases the lock
+        self._lock.close()
 
     def __enter__(self) -> LeRobotWriter:
         return self

@@ -14,6 +14,7 @@ import json
 import shlex
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +27,7 @@ from hetlab.aloha.record import CAMERA_KEY, recorded_render_quality
 from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import LearnerDevice, cpu_count, pick_device
+from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
@@ -285,6 +287,12 @@ def load_weights(model: torch.nn.Module, weights: dict, source: Path) -> None:
 
 def train_phase_a(cfg: PhaseAConfig) -> Path:
     """Run (or resume) Phase A; returns the run directory."""
+    with ExitStack() as held:
+        return _train_phase_a(cfg, held)
+
+
+def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
+    """`train_phase_a` holding, in `held`, the lock of the run directory it writes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
 
@@ -292,6 +300,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     if cfg.resume is not None:
         run_dir = Path(cfg.resume)
         saved = read_phase_a_config(run_dir, "--resume continues a Phase-A run")
+        held.enter_context(exclusive_writer(run_dir, "run"))
         state = load_checkpoint(run_dir)
         restored = config_from_json(saved, run_dir)
         refuse_changed_options(cfg, restored, run_dir)
@@ -335,6 +344,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     else:
         run_dir = Path(cfg.runs_dir) / RUN_KIND / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir.mkdir(parents=True)
+        held.enter_context(exclusive_writer(run_dir, "run"))
         config = {"kind": RUN_KIND, "phase": "A", "model": dataclasses.asdict(model_cfg),
                   "image_size": [preset.height, preset.width], "render_quality": recorded_render_quality(dataset.info),
                   "phase_a": {**json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), "steps": preset.steps}}
@@ -356,6 +366,7 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     def checkpoint() -> None:
         save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                         keep=cfg.keep_checkpoints)
+        resume_with(f"hetlab aloha train --resume {shlex.quote(str(run_dir))}")
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
@@ -403,8 +414,6 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
     _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)
-    if stopped_by == "interrupted" and (run_dir / "checkpoint.json").is_file():
-        resume_with(f"hetlab aloha train --resume {shlex.quote(str(run_dir))}")
     return run_dir
 
 
@@ -444,8 +453,15 @@ def _truncate_history(run_dir: Path, step: int) -> None:
 
 
 def read_history(run_dir: Path) -> list[dict]:
+    """history.jsonl's rows; a last line without its newline (the run was killed writing it) is dropped."""
     path = run_dir / "history.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    if not path.is_file():
+        return []
+    *complete, _partial = path.read_text().split("\n")
+    try:
+        return [json.loads(line) for line in complete]
+    except ValueError as e:
+        raise UserError(f"{path} is corrupt ({e}); delete it to resume without the earlier loss curve") from e
 
 
 def _finish(run_dir: Path, step: int, first_step: int, wall: float, stopped_by: str) -> None:

@@ -336,9 +336,11 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     started = time.perf_counter()
 
     def checkpoint() -> None:
+        # The history first: killed between the two, the older checkpoint's resume drops the newer rows.
+        write_text_atomic(run_dir / "history.json", json.dumps(history))
         save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(),
                                         "step": step})
-        write_text_atomic(run_dir / "history.json", json.dumps(history))  # a crash keeps the rows up to here
+        resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
 
     try:
         with stop_guard() as interrupted, \
@@ -419,8 +421,6 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     write_text_atomic(run_dir / "history.json", json.dumps(history))
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
-    if stopped_by == "interrupted":
-        resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
     return run_dir
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hetlab.aloha_config import EPISODE_STEPS
 from hetlab.devices import cpu_count
+from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS, EvalConfig, StudyConfig
 from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
@@ -140,36 +141,37 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                    "replan_every": cfg.eval_replan_every or chunk}
     out = cfg.out or from_run / "study"
     out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for seed in seeds:
-        for name, condition, cache_dtype in entries:
-            phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise, cache_dtype)
-            # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
-            started = _finished(run_dir / "checkpoint.json", wanted,
-                                lambda: run_settings(read_run_config(run_dir)["phase_b"]))
-            summary = run_dir / "summary.json"
-            if not (started and summary.is_file() and json.loads(summary.read_text())["steps"] >= cfg.steps):
-                job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
-                try:
-                    call_in_own_process(_train, job, name="phase-b")
-                except RuntimeError as e:
-                    raise RuntimeError(f"Phase B {condition} seed {seed} failed; finished conditions are kept "
-                                       f"in {out}") from e
-            eval_dir = run_dir / "eval" / f"{cfg.eval_seeds.replace(',', '_')}-{digest(wanted_eval)}"
-            results = eval_dir / "results.json"
-            if not _finished(results, wanted_eval, lambda: eval_settings(json.loads(results.read_text()))):
-                evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
-                                    max_steps=cfg.eval_max_steps, replan_every=cfg.eval_replan_every, out=eval_dir),
-                         progress)
-            runs.append({"condition": name, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
-    measured = None
-    offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
-    if cfg.fidelity and offloaded:
-        measured = dataclasses.asdict(phase_a_fidelity(
-            from_run, offloaded, quantise=cfg.quantise,
-            calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
-            heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
-    return write_study_report(out, {"runs": runs, "fidelity": measured})
+    with exclusive_writer(out, "study"):  # two studies writing one directory would race on its runs
+        runs = []
+        for seed in seeds:
+            for name, condition, cache_dtype in entries:
+                phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise, cache_dtype)
+                # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
+                started = _finished(run_dir / "checkpoint.json", wanted,
+                                    lambda: run_settings(read_run_config(run_dir)["phase_b"]))
+                summary = run_dir / "summary.json"
+                if not (started and summary.is_file() and json.loads(summary.read_text())["steps"] >= cfg.steps):
+                    job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
+                    try:
+                        call_in_own_process(_train, job, name="phase-b")
+                    except RuntimeError as e:
+                        raise RuntimeError(f"Phase B {condition} seed {seed} failed; finished conditions are kept "
+                                           f"in {out}") from e
+                eval_dir = run_dir / "eval" / f"{cfg.eval_seeds.replace(',', '_')}-{digest(wanted_eval)}"
+                results = eval_dir / "results.json"
+                if not _finished(results, wanted_eval, lambda: eval_settings(json.loads(results.read_text()))):
+                    evaluate(EvalConfig(run=run_dir, seeds=cfg.eval_seeds, workers=cfg.eval_workers, videos=cfg.videos,
+                                        max_steps=cfg.eval_max_steps, replan_every=cfg.eval_replan_every, out=eval_dir),
+                             progress)
+                runs.append({"condition": name, "seed": seed, "run": str(run_dir), "eval": str(eval_dir)})
+        measured = None
+        offloaded = sorted(int(c[1:]) for c in conditions if c.startswith("L"))
+        if cfg.fidelity and offloaded:
+            measured = dataclasses.asdict(phase_a_fidelity(
+                from_run, offloaded, quantise=cfg.quantise,
+                calibration_episodes=parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
+                heldout_episodes=parse_seeds(cfg.heldout_episodes, "--heldout-episodes")))
+        return write_study_report(out, {"runs": runs, "fidelity": measured})
 
 
 def condition_run(cfg: StudyConfig, phase_a: dict, out: Path, condition: str, seed: int, quantise: QuantiseConfig,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from hetlab.errors import UserError
-from hetlab.files import fsync_directory, fsync_tree, temporary_sibling, write_text_atomic
+from hetlab.files import fsync_directory, fsync_tree, space_checked, temporary_sibling, write_text_atomic
 
 BUILD_BATCH = 16
 
@@ -47,7 +48,9 @@ def build_feature_cache(visual, dataset, out: Path, dtype: Literal["fp16", "int8
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out, directory=True)
     try:
-        return _publish(_write_cache(visual, dataset, tmp, dtype, camera, state_key, key, progress), tmp, out)
+        with space_checked(out):
+            meta = _write_cache(visual, dataset, tmp, dtype, camera, state_key, key, progress)
+        return _publish(meta, tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -60,8 +63,10 @@ def _write_cache(visual, dataset, tmp: Path, dtype: str, camera: str, state_key:
     with torch.no_grad():
         layers = visual(probe[camera][None].float().div_(255), probe[state_key][None])
     shape = (len(dataset), len(layers), *layers[0].shape[1:])
-    tokens = np.lib.format.open_memmap(tmp / "tokens.npy", "w+", np.float16 if dtype == "fp16" else np.int8, shape)
-    scales = np.lib.format.open_memmap(tmp / "scales.npy", "w+", np.float16, shape[:3]) if dtype == "int8" else None
+    tokens = _reserved(np.lib.format.open_memmap(tmp / "tokens.npy", "w+", np.float16 if dtype == "fp16" else np.int8,
+                                                 shape))
+    scales = _reserved(np.lib.format.open_memmap(tmp / "scales.npy", "w+", np.float16, shape[:3])) if dtype == "int8" \
+        else None
     job = progress.add_task("feature cache", total=len(dataset)) if progress is not None else None
     for start, block in _encode_all(visual, dataset, camera, state_key):
         rows = slice(start, start + len(block))
@@ -82,6 +87,14 @@ def _write_cache(visual, dataset, tmp: Path, dtype: str, camera: str, state_key:
     write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
     fsync_tree(tmp)
     return meta
+
+
+def _reserved(array: np.memmap) -> np.memmap:
+    """`array` with its file's blocks allocated now: a full disk fails here with ENOSPC, where writing
+    into the sparse mapping later would kill the process with SIGBUS."""
+    with open(array.filename, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    return array
 
 
 def _publish(meta: dict, tmp: Path, out: Path) -> dict:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import shutil
 from collections.abc import Mapping
+from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 
 from hetlab.checkpoint import checkpoint_dir, read_checkpoint
 from hetlab.devices import apply_thread_budget, pick_device, thread_budget
+from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.run_meta import META_FILE, record_launch
@@ -52,13 +54,22 @@ def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
     (command line, config file, python); None: the options `cfg` sets away from their defaults, and
     its algorithm (a TrainConfig names one: no recipe chooses it)."""
     given = dict(given) if given is not None else dict.fromkeys({"algo", *options_set(cfg)}, "python")
+    with ExitStack() as held:
+        return _train(cfg, given, held)
+
+
+def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
+    """`train` holding, in `held`, the lock of the run directory it writes."""
     resume_state, branch_of, launch, sources = None, None, cfg, {}
     if cfg.resume:
         run_dir = Path(cfg.resume)
         chosen = checkpoint_dir(run_dir, cfg.checkpoint)
-        resume_state = read_checkpoint(run_dir, chosen)
-        if chosen != checkpoint_dir(run_dir):
+        if chosen == checkpoint_dir(run_dir):  # the run goes on: from now on this launch is its one writer
+            held.enter_context(exclusive_writer(run_dir, "run"))
+            chosen = checkpoint_dir(run_dir, cfg.checkpoint)  # as it is now that nobody else writes it
+        else:  # a new run starts from an older checkpoint, which a run still training keeps
             branch_of = (run_dir, chosen)
+        resume_state = read_checkpoint(run_dir, chosen)
         # Which checkpoint to start from is this launch's choice; the run goes on from its newest.
         launch = dataclasses.replace(cfg, checkpoint="latest")
         cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(launch, launch), given)
@@ -91,6 +102,7 @@ def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
         if resume_state is None or branch_of:
             run_dir = Path(cfg.runs_dir) / f"{cfg.task}-{cfg.algo}" / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
             run_dir.mkdir(parents=True)
+            held.enter_context(exclusive_writer(run_dir, "run"))
         if branch_of:
             branch_run(*branch_of, run_dir, resume_state["iteration"])
         # A resume writes it again: the budgets and options it may change are the run's from now on.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from hetlab.errors import UserError
 from hetlab.extras import require
-from hetlab.files import write_text_atomic
+from hetlab.files import out_of_space, space_checked, write_text_atomic
 
 LOGGER_RUN_FILE = "logger_run.json"  # the tracker run's id, for --resume
 # The curves TensorBoard's HPARAMS tab shows beside the options.
@@ -117,6 +118,8 @@ class TensorBoardLogger(Logger):
         directory = run_dir / "tensorboard"
         new = not any(directory.glob("events.out.tfevents.*"))
         self.writer = SummaryWriter(str(directory))
+        self.events = f"{directory}/events.out.tfevents.*"
+        _quiet_tensorboard_full_disk()
         if new:  # the options beside the curves they led to
             from torch.utils.tensorboard.summary import hparams
 
@@ -124,8 +127,9 @@ class TensorBoardLogger(Logger):
                 self.writer.file_writer.add_summary(summary)
 
     def scalars(self, values: dict[str, float], env_steps: int) -> None:
-        for name, value in values.items():
-            self.writer.add_scalar(name, value, env_steps)
+        with space_checked(self.events):
+            for name, value in values.items():
+                self.writer.add_scalar(name, value, env_steps)
 
     def video(self, video: PolicyVideo) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -136,7 +140,27 @@ class TensorBoardLogger(Logger):
         self.writer.flush()
 
     def close(self, failed: bool) -> None:
-        self.writer.close()
+        try:
+            with space_checked(self.events):
+                self.writer.close()
+        except UserError:
+            if not failed:  # else the run's own error says it, and this one would hide which write failed first
+                raise
+
+
+def _quiet_tensorboard_full_disk() -> None:
+    """TensorBoard's writer thread, finding the disk full, prints its traceback and leaves the error for
+    the training thread's next write to raise again (as one line): print it only there."""
+    if getattr(threading.excepthook, "quiets_tensorboard", False):
+        return
+    previous = threading.excepthook
+
+    def excepthook(args) -> None:
+        if not (type(args.thread).__module__.startswith("tensorboard.") and out_of_space(args.exc_value)):
+            previous(args)
+
+    excepthook.quiets_tensorboard = True
+    threading.excepthook = excepthook
 
 
 class WandbLogger(Logger):

@@ -212,7 +212,7 @@ def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: 
                 stager: ReplayStager) -> None:
     # Holding the stager keeps it from reading commits, so the collectors, blocked on the
     # bounded queue, cannot overwrite the rows being saved.
-    with stager.hold():
+    with stager.hold(), record.checkpointing():
         steps = stager.snapshot_steps()
         save_checkpoint(
             run_dir, iteration, {"iteration": iteration, "updates": updates, "algo": algo.state_dict(),
@@ -220,4 +220,3 @@ def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: 
             write_extra=(lambda directory: replay.save(directory / "replay", steps)) if cfg.off_policy.save_replay else None,
             keep=cfg.keep_checkpoints,
         )
-    record.save_history()

@@ -149,9 +149,9 @@ def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collecto
     # The collectors' states match the learner's at a sync run's iteration boundaries (also
     # when it stops early); an async run resumes from fresh episodes instead.
     exact = sync and all(state is not None for state in collector_states)
-    save_checkpoint(run_dir, iteration, {
-        "iteration": iteration,
-        "algo": algo.state_dict(),
-        "collectors": collector_states if exact else [None] * len(collector_states),
-    }, keep=keep)
-    record.save_history()
+    with record.checkpointing():
+        save_checkpoint(run_dir, iteration, {
+            "iteration": iteration,
+            "algo": algo.state_dict(),
+            "collectors": collector_states if exact else [None] * len(collector_states),
+        }, keep=keep)

@@ -16,11 +16,12 @@ import json
 import shlex
 import statistics
 from collections import defaultdict, deque
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
+from hetlab.errors import UserError
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
 from hetlab.stop_signals import resume_with
@@ -126,6 +127,16 @@ class RunRecord:
     def save_history(self) -> None:
         write_text_atomic(self.run_dir / "history.json", json.dumps(self.history))
 
+    @contextmanager
+    def checkpointing(self):
+        """Around a checkpoint's save: the history first — a process killed between the two leaves rows
+        the older checkpoint's resume drops and logs again, where the other order would leave a
+        checkpoint whose rows are lost — and after it the command that continues from it, named for
+        a stop signal or a full disk to print (`hetlab.stop_signals.resume_with`)."""
+        self.save_history()
+        yield
+        resume_with(resume_command(self.cfg, self.run_dir))
+
     def __enter__(self) -> RunRecord:
         return self
 
@@ -174,8 +185,6 @@ class RunRecord:
             self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
         _print_summary(summary, self.run_dir)
-        if stopped_by == "interrupted" and (self.run_dir / "checkpoint.json").is_file():
-            resume_with(resume_command(cfg, self.run_dir))
         return summary
 
 
@@ -190,7 +199,12 @@ def _episode_metrics_first_last(history: list[dict]) -> dict[str, float]:
 
 
 def _read_json(path: Path, missing):
-    return json.loads(path.read_text()) if path.is_file() else missing
+    if not path.is_file():
+        return missing
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise UserError(f"{path} is corrupt ({e}); move it away to resume without the record it holds") from e
 
 
 def _plot_reward(path: Path, history: list[dict], title: str) -> None:
