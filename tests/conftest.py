@@ -258,3 +258,31 @@ def refusal(capsys):
 
     return refused
 
+
+
+@pytest.fixture
+def hetlab_here(capsys):
+    """`hetlab_here(*args)`: `hetlab ARGS` run by `hetlab.cli.main` in this process, as the console script
+    runs it, and its CompletedProcess (exit status, stdout, stderr). A new interpreter would pay its
+    imports again (~4 s a training run); the tests of the console script itself — the command line
+    meta.json records, signals, a crash's traceback — start it."""
+    import subprocess
+
+    import torch
+
+    from hetlab.cli import main
+
+    def run(*args) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        threads = torch.get_num_threads()  # a run sets its thread budget
+        try:
+            main([str(arg) for arg in args])
+            status = 0
+        except SystemExit as exit_:
+            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        finally:
+            torch.set_num_threads(threads)
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["hetlab", *map(str, args)], status, out.out, out.err)
+
+    return run

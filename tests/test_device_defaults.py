@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from hetlab.train.config import AlgoConfigs, TrainConfig, validate
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.launch import train
 
-HETLAB = str(Path(sys.executable).with_name("hetlab"))
 CPU = LearnerDevice("cpu", "cpu", "test CPU", False, False, False)
 GPU = LearnerDevice("cuda:0", "cuda", "test GPU", True, True, True)
 
@@ -94,13 +91,11 @@ def test_validation_runs_on_the_resolved_config(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_cpu_run_records_and_announces_its_scaled_defaults(tmp_path):
-    result = subprocess.run(
-        [HETLAB, "train", "--algo", "fastsac", "--task", "cartpole-balance", "--device", "cpu", "--max-iterations", "1",
-         "--max-seconds", "60",  # unscaled, FastSAC's first iteration would take many minutes here
-         "--horizon", "2", "--fastsac.batch-size", "64", "--runs-dir", str(tmp_path / "runs")],
-        capture_output=True, text=True, timeout=180,
-    )
+def test_a_cpu_run_records_and_announces_its_scaled_defaults(tmp_path, hetlab_here):
+    result = hetlab_here(
+        "train", "--algo", "fastsac", "--task", "cartpole-balance", "--device", "cpu", "--max-iterations", "1",
+        "--max-seconds", "60",  # unscaled, FastSAC's first iteration would take many minutes here
+        "--horizon", "2", "--fastsac.batch-size", "64", "--runs-dir", tmp_path / "runs")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
     run_dir = Path(lines[0])  # still the first line

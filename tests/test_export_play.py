@@ -111,18 +111,15 @@ def test_any_kept_checkpoint_exports_and_plays(run_dir, tmp_path):
 
 
 @pytest.mark.parametrize("task", ["go1-joystick-flat", "g1-walk-flat", "g1-track-motion", "leap-cube-reorient"])
-def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path, monkeypatch):
+def test_every_robot_task_trains_exports_with_parity_and_plays(task, tmp_path, monkeypatch, hetlab_here):
     options = []
     if task == "g1-track-motion":  # a clip of the user's own, given by a relative path
         with np.load(motion_clip_path()) as clip:
             np.savez(tmp_path / "mine.npz", fps=np.array([25]), joint_pos=clip["joint_pos"][::2])
         monkeypatch.chdir(tmp_path)
         options = ["--motion", "mine.npz"]
-    result = subprocess.run(
-        [HETLAB, "train", "--task", task, "--envs", "8", "--horizon", "8", "--max-iterations", "1",
-         "--runs-dir", str(tmp_path / "runs"), *SMALL_NETS, *options],
-        capture_output=True, text=True, timeout=180,
-    )
+    result = hetlab_here("train", "--task", task, "--envs", "8", "--horizon", "8", "--max-iterations", "1",
+                         "--runs-dir", tmp_path / "runs", *SMALL_NETS, *options)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run = Path(result.stdout.splitlines()[0])
     monkeypatch.chdir(run)  # play and export find the run's clip from anywhere

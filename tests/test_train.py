@@ -28,11 +28,23 @@ SMALL_SAC = ["--algo", "sac", "--sac.actor-hidden", "32", "32", "--sac.critic-hi
              "--sac.learning-starts", "5", "--off-policy.replay-capacity", "16000"]
 
 
-def train(tmp_path: Path, *args: str, timeout: float = 300, env: dict | None = None) -> tuple[Path, subprocess.CompletedProcess]:
-    result = subprocess.run(
-        [HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
-    )
+@pytest.fixture
+def train(hetlab_here):
+    """`train(tmp_path, *args)`: `hetlab train --runs-dir tmp_path/runs ARGS` in this process, which
+    must succeed; its run directory and CompletedProcess."""
+
+    def trained(tmp_path: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+        result = hetlab_here("train", "--runs-dir", tmp_path / "runs", *args)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return Path(result.stdout.splitlines()[0]), result
+
+    return trained
+
+
+def train_by_script(tmp_path: Path, *args: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """As `train`, by the console script: for what a run records of the command line that started it."""
+    result = subprocess.run([HETLAB, "train", "--runs-dir", str(tmp_path / "runs"), *args],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return Path(result.stdout.splitlines()[0]), result
 
@@ -53,7 +65,7 @@ def segments_of(pid: int) -> list[str]:
     # seeds 0 and 1 passed 350 at iterations 54 and 38 and held ~497 from iteration 70 on.
     [("appo", "async", 80)],
 )
-def test_solves_cartpole(tmp_path, algo, mode, iterations):
+def test_solves_cartpole(tmp_path, algo, mode, iterations, train):
     run_dir, _ = train(
         tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "64",
         "--horizon", "32", "--max-iterations", str(iterations), "--checkpoint-every", "1000", "--target-return", "350",
@@ -73,7 +85,7 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations):
     assert (run_dir / "reward.png").stat().st_size > 0 and (run_dir / "time_breakdown.png").stat().st_size > 0
 
 
-def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_console(tmp_path):
+def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_console(tmp_path, train):
     # The LEAP cube task counts the goals reached per episode; a random hand drops the cube within
     # a few hundred steps, so episodes end in a short run.
     run_dir, result = train(
@@ -90,7 +102,7 @@ def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_conso
 
 
 def test_artefacts_summary_and_chrome_trace(tmp_path):
-    run_dir, result = train(
+    run_dir, result = train_by_script(
         tmp_path, "--task", "cartpole-balance", "--envs", "16", "--collectors", "2", "--horizon", "8",
         "--max-iterations", "4", "--eval-every", "2", "--eval-envs", "4", *SMALL_NETS,
     )
@@ -146,14 +158,15 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert set(events.PluginTagToContent("hparams")) >= {"_hparams_/experiment", "_hparams_/session_start_info"}
 
 
-def test_sync_resume_is_exact_in_place_and_from_an_older_checkpoint(tmp_path, assert_same_weights):
+def test_sync_resume_is_exact_in_place_and_from_an_older_checkpoint(tmp_path, assert_same_weights, train):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--checkpoint-every", "3", *SMALL_NETS]
     straight, _ = train(tmp_path / "a", *common, "--max-iterations", "6", "--keep-checkpoints", "0")
     before = {name: (straight / name).read_bytes() for name in ("summary.json", "history.json", "meta.json")}
     # From iteration 3 of a run that went on to 6: a new run directory, the original left whole.
-    branch, _ = train(tmp_path / "b", "--resume", str(straight), "--checkpoint", "3", "--max-iterations", "5")
+    # By the console script: meta.json records the command lines of the branch and its resume.
+    branch, _ = train_by_script(tmp_path / "b", "--resume", str(straight), "--checkpoint", "3", "--max-iterations", "5")
     assert branch != straight and {name: (straight / name).read_bytes() for name in before} == before
-    resumed, _ = train(tmp_path / "b", "--resume", str(branch), "--max-iterations", "6")
+    resumed, _ = train_by_script(tmp_path / "b", "--resume", str(branch), "--max-iterations", "6")
     assert resumed == branch
     assert_same_weights(straight, resumed, 6)
     # The record spans every launch: nothing an earlier one wrote is lost.
@@ -173,7 +186,7 @@ def test_sync_resume_is_exact_in_place_and_from_an_older_checkpoint(tmp_path, as
     assert len(updates) == 3  # the branch's two learner updates, then the in-place resume's one
 
 
-def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal):
+def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal, train):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_NETS]
     run_dir, _ = train(tmp_path, *common, "--max-iterations", "2")
     before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "history.json", "trace.json")}
@@ -297,7 +310,7 @@ def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("inference", ["collector", "learner"])
-def test_off_policy_inference_runs_in_the_collectors_or_on_the_learner(tmp_path, inference):
+def test_off_policy_inference_runs_in_the_collectors_or_on_the_learner(tmp_path, inference, train):
     run_dir, _ = train(tmp_path, "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "6",
                        *SMALL_SAC, "--sac.updates-per-step", "2", "--off-policy.inference", inference)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -314,7 +327,7 @@ def test_off_policy_inference_runs_in_the_collectors_or_on_the_learner(tmp_path,
         assert "max |Δ action| = " in exported.stdout and "(tolerance 1e-05)" in exported.stdout
 
 
-def test_off_policy_resume_refills_the_replay_buffer(tmp_path):
+def test_off_policy_resume_refills_the_replay_buffer(tmp_path, train):
     args = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_SAC, "--sac.learning-starts", "40",
             "--checkpoint-every", "2"]
     saved, _ = train(tmp_path, *args, "--max-iterations", "4", "--off-policy.save-replay")

@@ -86,15 +86,14 @@ def test_a_bad_config_file_is_one_line(tmp_path, text, suffix, message):
         parse("--config", str(tmp_path / "missing.toml"))
 
 
-def test_a_run_s_config_json_starts_a_new_run_with_the_same_options(tmp_path):
+def test_a_run_s_config_json_starts_a_new_run_with_the_same_options(tmp_path, hetlab_here):
     first = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "1",
              "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32", "--ppo.gamma", "0.97"]
     runs = tmp_path / "runs"
-    done = subprocess.run([HETLAB, "train", "--runs-dir", str(runs), *first], capture_output=True, text=True, timeout=120)
+    done = hetlab_here("train", "--runs-dir", runs, *first)
     assert done.returncode == 0, done.stderr
     run_a = Path(done.stdout.splitlines()[0])
-    done = subprocess.run([HETLAB, "train", "--config", str(run_a / "config.json"), "--seed", "3"],
-                          capture_output=True, text=True, timeout=120)
+    done = hetlab_here("train", "--config", run_a / "config.json", "--seed", "3")
     assert done.returncode == 0, done.stderr
     run_b = Path(done.stdout.splitlines()[0])
     assert run_b.parent == run_a.parent and run_b != run_a  # the file's --runs-dir, a new run
