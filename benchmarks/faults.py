@@ -175,6 +175,17 @@ PHASE_A = ["aloha", "train", "--preset", "tiny", "--train-episodes", "0-1", "--s
 PHASE_A_EVERY = 100  # the tiny preset's checkpoint interval, in steps
 
 
+def committed_episodes(dataset: Path) -> list[int]:
+    """The episodes a reader finds in `dataset`; none where it holds none yet (killed at its first commit)."""
+    from hetlab.datasets.lerobot import LeRobotDataset
+    from hetlab.errors import UserError
+
+    try:
+        return LeRobotDataset(dataset).episodes
+    except UserError:
+        return []
+
+
 def record_trial(rng: random.Random, where: str, scratch: Path) -> dict:
     """`hetlab aloha record` killed at a random moment or as it commits an episode, then run again."""
     from hetlab.datasets.lerobot import LeRobotDataset
@@ -188,7 +199,7 @@ def record_trial(rng: random.Random, where: str, scratch: Path) -> dict:
     recorder.communicate()
     time.sleep(1.0)
     left = orphans(recorder.pid)
-    before = len(LeRobotDataset(out).episodes) if (out / "meta" / "info.json").is_file() else 0
+    before = len(committed_episodes(out))
     started = time.perf_counter()
     again = subprocess.run([HETLAB, *RECORD, "--out", str(out)], capture_output=True, text=True)
     dataset = LeRobotDataset(out)
@@ -209,7 +220,8 @@ def phase_a_trial(rng: random.Random, where: str, dataset: Path, runs: Path) -> 
     run_dir = Path(learner.stdout.readline().strip())
     if where == "random":  # within the 10 steps after a random logged step past the first checkpoint
         at = rng.randrange(PHASE_A_EVERY, 300, 10)
-        while not any(row["step"] >= at for row in read_history(run_dir)) and learner.poll() is None:
+        while learner.poll() is None and not ((run_dir / "checkpoint.json").is_file()
+                                              and any(row["step"] >= at for row in read_history(run_dir))):
             time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 0.1))
         learner.kill()
@@ -302,8 +314,6 @@ def disk_train_trial(what: str, disk: Path) -> dict:
 
 
 def disk_record_trial(what: str, disk: Path) -> dict:
-    from hetlab.datasets.lerobot import LeRobotDataset
-
     out = disk / "dataset"
     recorder = hetlab([*RECORD, "--out", str(out)])
     while not list(out.glob("meta/episodes/*/*.parquet")):  # the first episode is committed
@@ -311,16 +321,13 @@ def disk_record_trial(what: str, disk: Path) -> dict:
     filler = fill(disk, 4096)
     _, err = recorder.communicate(timeout=300)
     first, one_line = error_lines(err)
-    try:
-        kept = len(LeRobotDataset(out).episodes)
-    except Exception:  # noqa: BLE001: any failure to read it is the finding
-        kept = 0
+    kept = len(committed_episodes(out))
     filler.unlink()
     again = subprocess.run([HETLAB, *RECORD, "--out", str(out)], capture_output=True, text=True)
     return {"where": what, "status": recorder.returncode, "first_line": first, "one_line": one_line, "stderr": err[-3000:],
             "names_the_file": first.startswith(f"error: no space left to write {out}"),
             "previous_checkpoint_intact": kept >= 1, "resumed": again.returncode == 0,
-            "complete": len(LeRobotDataset(out).episodes) == 4}
+            "complete": len(committed_episodes(out)) == 4}
 
 
 def corrupt_trials(runs: Path) -> list[dict]:
