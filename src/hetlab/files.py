@@ -36,6 +36,12 @@ def out_of_space(error: BaseException) -> bool:
     return isinstance(error, Exception) and _NO_SPACE_TEXT.search(str(error)) is not None
 
 
+def no_space(error: BaseException, path: Path | str | None = None) -> UserError:
+    """The one line for `error`, a write (of `path`, where known) that found no room."""
+    return UserError(f"no space left to write {f'{path} ' if path is not None else ''}({error}); what was written "
+                     "before it is intact: free space on its disk, then run again")
+
+
 @contextmanager
 def space_checked(path: Path | str):
     """A block that writes `path`: a write that found no room becomes one line naming the file."""
@@ -43,8 +49,7 @@ def space_checked(path: Path | str):
         yield
     except Exception as e:
         if out_of_space(e):
-            raise UserError(f"no space left to write {path} ({e}); what was written before it is intact: free "
-                            "space on its disk, then run again") from e
+            raise no_space(e, path) from e
         raise
 
 

@@ -15,7 +15,7 @@ from importlib import import_module
 import hetlab
 from hetlab.cli.parsing import Group, run
 from hetlab.errors import UserError
-from hetlab.files import out_of_space
+from hetlab.files import no_space, out_of_space
 from hetlab.stop_signals import handled, named_resume
 
 DESCRIPTION = "Train robot policies with each stage on the device that suits it."
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
         from hetlab.cli.output import err_console
 
-        message = str(e) if isinstance(e, UserError) else f"no space left to write ({e}); free space on its disk, then run again"
+        message = str(e if isinstance(e, UserError) else no_space(e))
         err_console().print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         if named_resume() is not None:  # e.g. a disk that filled up: the job continues once there is room
             print(f"resume with: {named_resume()}", file=sys.stderr, flush=True)
