@@ -91,16 +91,36 @@ def temporaries(run_dir: Path) -> list[str]:
     return [str(p) for p in run_dir.rglob(".*") if temporary_target(p) is not None]
 
 
-def orphans(pid: int) -> list[str]:
-    """Shared-memory segments and collector processes the learner `pid` left."""
-    found = [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if name.startswith("hetlab_") and f"_{pid}_" in name]
-    for status in Path("/proc").glob("[0-9]*/status"):
+def processes() -> dict[int, tuple[int, str]]:
+    """Every live process: pid → (parent pid, start time). A zombie (it has exited, and holds
+    nothing but its exit status until its new parent, init, reaps it) is not live."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if f"PPid:\t{pid}\n" in status.read_text():
-                found.append(f"process {status.parent.name}")
+            state, parent, *fields = stat.read_text().rpartition(")")[2].split()
         except OSError:
-            pass
+            continue
+        if state != "Z":
+            found[int(stat.parent.name)] = (int(parent), fields[17])
     return found
+
+
+def descendants(pid: int) -> set[tuple[int, str]]:
+    """The processes below `pid` now (its collectors are children of its fork server), as (pid, start time)."""
+    table, found, parents = processes(), set(), {pid}
+    while parents:
+        children = {child for child, (parent, _) in table.items() if parent in parents}
+        found |= {(child, table[child][1]) for child in children}
+        parents = children
+    return found
+
+
+def orphans(pid: int, below: set[tuple[int, str]]) -> list[str]:
+    """Shared-memory segments the learner `pid` left, and which of the processes `below` it (seen
+    while it ran) still live."""
+    found = [f"/dev/shm/{name}" for name in os.listdir("/dev/shm") if name.startswith("hetlab_") and f"_{pid}_" in name]
+    table = processes()
+    return found + [f"process {child}" for child, started in sorted(below) if table.get(child, (0, ""))[1] == started]
 
 
 def hetlab(args: list[str], hook: str | None = None, **popen) -> subprocess.Popen:
@@ -109,8 +129,8 @@ def hetlab(args: list[str], hook: str | None = None, **popen) -> subprocess.Pope
             signal.signal(signum, signal.SIG_DFL)
 
     command = [sys.executable, __file__, "--kill-at", hook, "--", *args] if hook else [HETLAB, *args]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limits,
-                            **popen)
+    return subprocess.Popen(command, text=True, preexec_fn=limits,
+                            **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen})
 
 
 def resume(run_dir: Path, *options: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -139,16 +159,17 @@ def kill_trial(rng: random.Random, where: str, runs: Path) -> dict:
     # A random moment after the first checkpoint (before it there is nothing to resume): within the
     # iteration after a random one.
     at = rng.randint(EVERY, ITERATIONS - 2)
-    printed = []
+    printed, below = [], set()
     for line in learner.stdout:
         if line.startswith("it "):
             printed.append(int(line.split()[1]))
+            below |= descendants(learner.pid)
             if where == "random" and printed[-1] == at:
                 time.sleep(rng.uniform(0.0, 0.05))
                 learner.kill()
     learner.wait()
     time.sleep(1.0)  # the collectors notice their learner is gone; the resource tracker unlinks its memory
-    left_by_kill = orphans(learner.pid)
+    left_by_kill = orphans(learner.pid, below)
     before, from_iteration = rows(run_dir), checkpoint_iteration(run_dir)
     trained_to = printed[-1] + 1 if printed else 0
     # A run killed writing summary.json had trained all its iterations: it goes on for a few more.
@@ -192,13 +213,15 @@ def record_trial(rng: random.Random, where: str, scratch: Path) -> dict:
 
     out = scratch / f"record-{rng.randrange(10**9)}"
     hook = None if where == "random" else f"*/meta/episodes/*.parquet:{rng.randint(1, 3)}"
-    recorder = hetlab([*RECORD, "--out", str(out)], hook=hook)
-    if where == "random":
-        time.sleep(rng.uniform(3.0, 8.0))
-        recorder.kill()
-    recorder.communicate()
+    recorder = hetlab([*RECORD, "--out", str(out)], hook=hook, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_at, below = time.monotonic() + rng.uniform(3.0, 8.0), set()
+    while recorder.poll() is None:  # its workers, seen while it runs
+        below |= descendants(recorder.pid)
+        if where == "random" and time.monotonic() >= kill_at:
+            recorder.kill()
+        time.sleep(0.1)
     time.sleep(1.0)
-    left = orphans(recorder.pid)
+    left = orphans(recorder.pid, below)
     before = len(committed_episodes(out))
     started = time.perf_counter()
     again = subprocess.run([HETLAB, *RECORD, "--out", str(out)], capture_output=True, text=True)

@@ -223,8 +223,10 @@ def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path
             lines.append(learner.stdout.readline())
             assert lines[-1] or learner.poll() is None, learner.stderr.read()
         assert segments_of(learner.pid)
-        # The learner's children are Python's resource tracker and the spawned collector.
-        collectors = [pid for pid in _child_pids(learner.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        # The learner's children are Python's resource tracker and the fork server, whose child is the collector.
+        (server,) = [pid for pid in _child_pids(learner.pid)
+                     if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        collectors = _child_pids(server)
         assert len(collectors) == 1
         os.kill(collectors[0], signal.SIGKILL)
         killed = time.monotonic()

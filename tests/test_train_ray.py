@@ -39,12 +39,17 @@ SAC = ["--algo", "sac", "--sac.actor-hidden", "64", "64", "--sac.critic-hidden",
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def local_cluster():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
-    yield cluster.address
+    yield cluster
     cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(local_cluster) -> str:
+    return local_cluster.address
 
 
 def hetlab_train(tmp_path: Path, *args: str) -> subprocess.Popen:
@@ -82,15 +87,19 @@ def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster, as
     assert_same_weights(straight, resumed, 6)
 
 
-def kill_a_collector_after(learner: subprocess.Popen, iterations: int) -> tuple[Path, float]:
-    """SIGKILL one collector actor's process once `iterations` iterations are logged: (the run's
-    directory, when)."""
+def logged(learner: subprocess.Popen, iterations: int) -> Path:
+    """The run's directory, once `iterations` iterations are logged."""
     run_dir = Path(learner.stdout.readline().strip())
     seen = 0
     while seen < iterations:
         line = learner.stdout.readline()
         assert line or learner.poll() is None, learner.stderr.read()
         seen += line.startswith("it ")
+    return run_dir
+
+
+def kill_a_collector(local_cluster: Cluster) -> None:
+    """SIGKILL one collector actor's process."""
     # An earlier run's actors may still be on their way out: Ray ends them after their driver leaves.
     deadline = time.monotonic() + 30
     while len(actors := subprocess.run(["pgrep", "-f", "ray::CollectorActor"], capture_output=True,
@@ -98,13 +107,26 @@ def kill_a_collector_after(learner: subprocess.Popen, iterations: int) -> tuple[
         time.sleep(0.5)
     assert len(actors) == 2, actors
     os.kill(int(actors[0]), signal.SIGKILL)
-    return run_dir, time.monotonic()
+
+
+def remove_a_collectors_node(local_cluster: Cluster) -> None:
+    """Take away the node that is not the learner's, with the collector on it, as a cloud takes
+    a preempted machine; a new node of one CPU joins first, for the replacement to go to. The
+    cluster is left with two nodes of one CPU, as the other tests expect."""
+    (gone,) = local_cluster.worker_nodes
+    local_cluster.add_node(num_cpus=1)
+    local_cluster.wait_for_nodes()
+    local_cluster.remove_node(gone, allow_graceful=False)
+
+
+FAULTS = {"process-killed": kill_a_collector, "node-removed": remove_a_collectors_node}
 
 
 # The local learning tests' runs and thresholds (PPO: tests/test_readme.py's quick start; SAC:
 # tests/test_train_off_policy_learning.py's case, its 32 envs over two collectors), with one of the
-# two collectors killed three iterations in: learning goes on through its replacement, and the run
-# stops once the mean return reaches the threshold (--target-return).
+# two collectors lost three iterations in (its process killed, or its whole node removed): learning
+# goes on through its replacement, and the run stops once the mean return reaches the threshold
+# (--target-return).
 TARGETS = {"ppo": 350, "sac": 150}
 LEARNING_RUNS = {
     "ppo": ["--algo", "ppo", "--envs", "128", "--collectors", "2", "--horizon", "32", "--max-iterations", "70",
@@ -114,15 +136,17 @@ LEARNING_RUNS = {
 }
 
 
-@pytest.mark.parametrize("algo", list(LEARNING_RUNS))
-def test_learns_cartpole_on_two_nodes_while_a_killed_collector_is_replaced(tmp_path, cluster, algo):
-    learner = hetlab_train(tmp_path, "--ray", cluster, *LEARNING_RUNS[algo], "--checkpoint-every", "1000")
+@pytest.mark.parametrize(("algo", "fault"), [("ppo", "node-removed"), ("sac", "process-killed")])
+def test_learns_cartpole_on_two_nodes_while_a_lost_collector_is_replaced(tmp_path, local_cluster, algo, fault):
+    learner = hetlab_train(tmp_path, "--ray", local_cluster.address, *LEARNING_RUNS[algo], "--checkpoint-every", "1000")
     try:
-        run_dir, _ = kill_a_collector_after(learner, 3)
+        run_dir = logged(learner, 3)
+        FAULTS[fault](local_cluster)
         _, _, stderr = finished(learner)
     finally:
         learner.kill()
-    assert "was lost: exit type" in stderr and "replacing it (1 of at most 3)" in stderr, stderr
+    reason = {"process-killed": "was lost: exit type", "node-removed": "was lost: Ray lost contact with it"}[fault]
+    assert reason in stderr and "replacing it (1 of at most 3)" in stderr, stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     history = json.loads((run_dir / "history.json").read_text())
     returns = [row["mean_return"] for row in history]
@@ -141,11 +165,13 @@ def test_learns_cartpole_on_two_nodes_while_a_killed_collector_is_replaced(tmp_p
         assert summary["iterations"] <= 50 and last["updates"] == summary["iterations"] * 100
 
 
-def test_with_no_restarts_a_lost_collector_stops_the_run_with_a_checkpoint(tmp_path, cluster):
-    learner = hetlab_train(tmp_path, "--ray", cluster, "--ray.max-restarts", "0", *SMALL_PPO, "--envs", "32",
+def test_with_no_restarts_a_lost_collector_stops_the_run_with_a_checkpoint(tmp_path, local_cluster):
+    learner = hetlab_train(tmp_path, "--ray", local_cluster.address, "--ray.max-restarts", "0", *SMALL_PPO, "--envs", "32",
                            "--collectors", "2", "--horizon", "16", "--max-iterations", "100000", "--checkpoint-every", "1000")
     try:
-        run_dir, killed = kill_a_collector_after(learner, 3)
+        run_dir = logged(learner, 3)
+        kill_a_collector(local_cluster)
+        killed = time.monotonic()
         _, _, stderr = finished(learner, timeout=60)
         stopped = time.monotonic()
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import queue
 import signal
+from collections.abc import Iterable
+from contextlib import contextmanager
 from multiprocessing import resource_tracker
 
 POLL_S = 0.1  # how often a waiting thread or process checks whether it should stop
@@ -34,8 +36,16 @@ def start_resource_tracker() -> None:
     behind), started unless it runs already with SIGHUP blocked, which it inherits. It ignores
     SIGINT and SIGTERM itself, but the hang-up of a terminal reaches the whole process group and
     would end it before this process has stopped and unlinked what it tracks."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
+    with signals_blocked({signal.SIGHUP}):
         resource_tracker.ensure_running()
+
+
+@contextmanager
+def signals_blocked(signals: Iterable[int]):
+    """Block `signals` in this thread for the block: a helper process started here keeps them
+    blocked for good (its signal mask is inherited across fork and exec)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+    try:
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

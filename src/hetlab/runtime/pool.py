@@ -9,14 +9,15 @@ collector learns that it must stop through the `StopSignal` the pool passes it: 
 `stop()`, and also read as set once the learner's process is gone, so no collector outlives a
 crashed learner.
 
-`ProcessPool` runs each collector as a spawned process on this machine, and a lost one stops
-the run. `hetlab.runtime.ray.pool.RayPool` runs them as actors on the nodes of a Ray cluster
+`ProcessPool` runs each collector as a process on this machine, forked from a fork server that
+imported the collectors' code once, and a lost one stops the run. `hetlab.runtime.ray.pool.RayPool` runs them as actors on the nodes of a Ray cluster
 and replaces a lost one (with `CollectorJob.replace`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import queue
 import threading
 import time
@@ -25,8 +26,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetlab.runtime import POLL_S, start_resource_tracker
-from hetlab.stop_signals import ignore_stop_signals
+from hetlab.runtime import POLL_S, signals_blocked, start_resource_tracker
+from hetlab.stop_signals import STOP_SIGNALS, ignore_stop_signals
+
+# What a collector's process needs, imported once by the fork server its collectors are forked
+# from: each then starts in milliseconds, where a fresh interpreter spends seconds importing torch
+# and MuJoCo (and as long again exiting), once per collector and per launch.
+COLLECTOR_MODULES = ["hetlab.runtime.collector", "hetlab.algos.networks", "hetlab.algos.off_policy_networks"]
 
 
 @dataclass(frozen=True)
@@ -101,12 +107,12 @@ class CollectorPool(ABC):
 
 
 class ProcessPool(CollectorPool):
-    """Each collector a spawned process of this machine (sharing memory with the learner); a
-    lost one stops the run (`check` raises), so `CollectorJob.replace` goes unused here."""
+    """Each collector a process of this machine (sharing memory with the learner); a lost one
+    stops the run (`check` raises), so `CollectorJob.replace` goes unused here."""
 
     def __init__(self):
         start_resource_tracker()
-        self._context = multiprocessing.get_context("spawn")
+        self._context = fork_server()
         self._stop = self._context.Event()
         self._errors = self._context.Queue()  # (collector index, traceback)
         self._processes: list = []
@@ -160,6 +166,19 @@ class ProcessPool(CollectorPool):
         draining.set()
         self._errors.cancel_join_thread()
         self._errors.close()
+
+
+def fork_server():
+    """The multiprocessing context whose processes are forks of a server that holds
+    `COLLECTOR_MODULES` (one per learner process, started on first use; it imports no more
+    than those, starts no threads and holds no GL state, so forking it is safe)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(COLLECTOR_MODULES)
+    # With the stop signals blocked for good: one sent to the whole process group would end the
+    # server, and with it the learner's view of its collectors, before the learner stopped them.
+    with signals_blocked(STOP_SIGNALS):
+        multiprocessing.forkserver.ensure_running()
+    return context
 
 
 def _run(index: int, target: Callable[..., None], args: tuple, stop: StopSignal, errors) -> None:

@@ -1,6 +1,6 @@
 """The rollout ring: K fixed-horizon rollout slots in one shared-memory segment.
 
-The learner creates the ring; collectors receive it as an argument of a spawned process and
+The learner creates the ring; collectors receive it as an argument of their process (spawned, or forked from a fork server) and
 `attach()`. A slot goes free → (a collector writes it) → full → (the learner copies it out) →
 free. Its index travels through two queues, so whoever holds an index owns the slot's
 memory. The queue handoff (a pipe write, then a read in the other process) is also what
@@ -94,7 +94,7 @@ class RolloutRing(SharedRegion):
     """K slots of `layout` in one segment, handed between processes through free/full queues.
 
     Created by the learner, which unlinks the segment in `close()`. Pass the ring to a
-    `multiprocessing.get_context("spawn").Process` and call `attach()` there before `views()`.
+    child process (spawned or from a fork server) and call `attach()` there before `views()`.
     """
 
     _shared = ("layout", "num_slots", "_free", "_full")

@@ -2,11 +2,11 @@
 
 The learner creates every segment and is the only process that unlinks it. Children attach
 by name and only unmap. If the learner dies without unlinking, Python's resource tracker
-(one per process tree: spawn hands the learner's tracker to its children) unlinks the
+(one per process tree: spawned and fork-server children get the learner's tracker) unlinks the
 segment once the last process of the tree has exited.
 
 `SharedRegion` is the one base of the runtime's shared objects (rollout ring, replay buffer,
-weight broadcast, inference ring): create, pickle by name into a spawned process, attach
+weight broadcast, inference ring): create, pickle by name into a child process, attach
 there, close (and, in the creator, unlink). `lay_out` places named arrays in a segment, and
 `ShmRequirement` checks a size against the machine before anything is created.
 """
@@ -96,7 +96,7 @@ def attach_segment(name: str) -> Segment:
 
     Before Python 3.13 attaching registers the segment. A child that does not share the
     learner's tracker would then have the segment unlinked when it exits. Calling
-    `resource_tracker.unregister` afterwards is no fix: spawn children do share the
+    `resource_tracker.unregister` afterwards is no fix: the runtime's children do share the
     learner's tracker, which keeps one entry per name, so the child would delete the
     learner's entry (the learner's own unlink then makes the tracker print a KeyError, and a
     crashed learner's segment is never cleaned up). Not registering at all is right in both

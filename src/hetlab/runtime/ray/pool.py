@@ -257,6 +257,8 @@ class RayPool(CollectorPool):
         if self._pusher is not None:
             self._pusher.remove(collector.index)
         self._lost += 1
+        # An actor Ray calls only "unavailable" may come back: it must not go on beside its replacement.
+        ray.kill(collector.actor, no_restart=True)
         where = f"collector {collector.index} (node {collector.node[:12]} at {collector.address}, pid {collector.pid})"
         reason = _reason(error).rstrip(".")
         if self._replaced >= self._max_restarts:
@@ -282,6 +284,10 @@ class RayPool(CollectorPool):
 
 def _reason(error: Exception) -> str:
     """Ray's account of why an actor died, in one line: its exit type and detail where Ray gives them."""
+    if isinstance(error, ray.exceptions.ActorUnavailableError):
+        # What Ray reports at once when a node vanishes (its death is declared only after health
+        # checks, many seconds later) or stops answering.
+        return "Ray lost contact with it (its node gone or unreachable)"
     text = " ".join(str(error).split())
     exit_type = re.search(r"Worker exit type: (\S+)", text)
     detail = re.search(r"Worker exit detail: (.*?\.)( Some common causes|$)", text)
