@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,11 +17,23 @@ import numpy as np
 import pytest
 
 from hetlab.aloha.record import RecordConfig, record
+from hetlab.figures import FIGURES_ENV
 from hetlab.sim import SIMS
 from hetlab.tasks import TASKS, make_config
 from hetlab.tasks.base import Task
 from hetlab.tasks.cartpole import CartpoleBalance
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
+
+# A run's end-of-run figures cost it one to two seconds: the tests that check them ask for them
+# (the `figures` fixture); the others, and the commands they start, skip them.
+os.environ.setdefault(FIGURES_ENV, "0")
+
+
+@pytest.fixture
+def figures(monkeypatch) -> None:
+    """Runs started in this test (in this process or as commands) draw their figures."""
+    monkeypatch.setenv(FIGURES_ENV, "1")
+
 
 SimFactory = Callable[..., object]  # (model, num_envs, *, threads, seed, keyframe) -> BatchSim
 

@@ -17,7 +17,7 @@ def quick_start() -> str:
     return re.search(r"```bash\n(.*?)```", section, re.S)[1]
 
 
-def test_the_quick_start_solves_cartpole_with_its_recipe_then_judges_exports_and_plays_it(tmp_path):
+def test_the_quick_start_solves_cartpole_with_its_recipe_then_judges_exports_and_plays_it(tmp_path, figures):
     commands = quick_start()
     assert commands.splitlines()[0].startswith("hetlab train --task cartpole-balance")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

@@ -82,7 +82,7 @@ def test_solves_cartpole(tmp_path, algo, mode, iterations, train):
         assert summary["policy_lag_mean"] == 0.0
     else:
         assert summary["policy_lag_mean"] > 0.0  # the collector ran ahead of the learner
-    assert (run_dir / "reward.png").stat().st_size > 0 and (run_dir / "time_breakdown.png").stat().st_size > 0
+    assert not (run_dir / "reward.png").exists()  # HETLAB_FIGURES=0 (tests/conftest.py)
 
 
 def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_console(tmp_path, train):
@@ -101,7 +101,7 @@ def test_a_task_s_episode_metrics_reach_the_history_summary_evaluation_and_conso
     assert f"| goals {goals[-1]:.2f}" in result.stdout
 
 
-def test_artefacts_summary_and_chrome_trace(tmp_path):
+def test_artefacts_summary_and_chrome_trace(tmp_path, figures):
     run_dir, result = train_by_script(
         tmp_path, "--task", "cartpole-balance", "--envs", "16", "--collectors", "2", "--horizon", "8",
         "--max-iterations", "4", "--eval-every", "2", "--eval-envs", "4", *SMALL_NETS,
@@ -124,6 +124,8 @@ def test_artefacts_summary_and_chrome_trace(tmp_path):
     assert all(1 <= row["eval/episode_length"] <= 500 for row in history if "eval/return" in row)
     assert result.stdout.count("| eval return") == 2
     assert f"curves: tensorboard --logdir {run_dir / 'tensorboard'}" in result.stdout
+    assert (run_dir / "reward.png").stat().st_size > 0 and (run_dir / "time_breakdown.png").stat().st_size > 0
+    assert "reward.png, time_breakdown.png" in result.stdout
     # The best evaluated policy is kept as a checkpoint of its own, whatever came after it.
     best = json.loads((run_dir / "best.json").read_text())
     evaluated = {row["iteration"] + 1: row["eval/return"] for row in history if "eval/return" in row}
@@ -283,6 +285,12 @@ def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
 def test_impossible_configs_fail_before_anything_starts(tmp_path, refusal, args, message):
     assert message in refusal("train", "--runs-dir", tmp_path / "runs", "--task", "cartpole-balance", *args)
     assert not (tmp_path / "runs").exists()  # no run directory for a run that never started
+
+
+def test_a_bad_figures_switch_fails_before_anything_starts(tmp_path, refusal, monkeypatch):
+    monkeypatch.setenv("HETLAB_FIGURES", "no")
+    assert "HETLAB_FIGURES='no': use 1" in refusal("train", "--runs-dir", tmp_path / "runs", "--task", "cartpole-balance")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ctrl_c_stops_cleanly_with_a_final_checkpoint(tmp_path):

@@ -50,7 +50,7 @@ def model_weights(run: Path) -> dict[str, torch.Tensor]:
 
 # --- training -------------------------------------------------------------------------------------
 
-def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path):
+def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path, figures):
     # Measured on this recording: loss 0.715 (steps 1–10) → 0.134 at step 100 → 0.101 at 120.
     steps = 120
     run = tiny_run(tiny_aloha_dataset, tmp_path, steps, loader_workers=1)

@@ -51,7 +51,7 @@ def test_every_condition_of_a_seed_starts_from_the_same_expert(phase_a_run):
     assert torch.equal(first["action_std"], model.action_expert.action_std)
 
 
-def test_offloaded_fp32_prefix_trains_like_the_learner_only_condition(phase_a_run, learner_run, tmp_path):
+def test_offloaded_fp32_prefix_trains_like_the_learner_only_condition(phase_a_run, learner_run, tmp_path, figures):
     """Same initial expert, batches, masks and dropout: with the prefix in FP32 (ONNX Runtime on
     the CPU) the only difference from learner-only is float rounding, so the weights agree closely."""
     offloaded = train_phase_b(phase_b(phase_a_run, tmp_path / "L2", condition="L2", offload_precision="fp32"))

@@ -29,7 +29,8 @@ from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import LearnerDevice, cpu_count, pick_device
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
-from hetlab.files import write_text_atomic
+from hetlab.figures import figures_wanted
+from hetlab.files import atomic_path, write_text_atomic
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
 from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
@@ -296,7 +297,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
 
-    state = None
+    state, figures = None, figures_wanted()
     if cfg.resume is not None:
         run_dir = Path(cfg.resume)
         saved = read_phase_a_config(run_dir, "--resume continues a Phase-A run")
@@ -413,7 +414,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         torch.set_num_threads(threads_before)
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
-    _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by)
+    _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by, figures)
     return run_dir
 
 
@@ -464,22 +465,23 @@ def read_history(run_dir: Path) -> list[dict]:
         raise UserError(f"{path} is corrupt ({e}); delete it to resume without the earlier loss curve") from e
 
 
-def _finish(run_dir: Path, step: int, first_step: int, wall: float, stopped_by: str) -> None:
-    """summary.json and the loss curve."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _finish(run_dir: Path, step: int, first_step: int, wall: float, stopped_by: str, figures: bool) -> None:
+    """summary.json and the loss curve (unless HETLAB_FIGURES=0)."""
     history = read_history(run_dir)
     summary = {"steps": step, "session_steps": step - first_step, "session_wall_s": wall, "stopped_by": stopped_by,
                "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None}
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
-    if history:
+    if history and figures:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         figure, axis = plt.subplots(figsize=(6, 3.5))
         axis.plot([r["step"] for r in history], [r["loss"] for r in history])
         axis.set(xlabel="step", ylabel="L1 loss (normalised actions)", yscale="log", title="Phase A")
         axis.grid(alpha=0.3)
         figure.tight_layout()
-        figure.savefig(run_dir / "loss.png", dpi=120)
+        with atomic_path(run_dir / "loss.png") as tmp:
+            figure.savefig(tmp, dpi=120, format="png")
         plt.close(figure)

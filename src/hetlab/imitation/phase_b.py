@@ -43,6 +43,7 @@ from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
 from hetlab.devices import cpu_count, pick_device
 from hetlab.errors import UserError
+from hetlab.figures import figures_wanted
 from hetlab.files import write_text_atomic
 from hetlab.measure.memory import peak_memory, reset_peak_memory
 from hetlab.measure.power import CommandMeter, PowerSampler, available_meters, energy_per_sample
@@ -247,7 +248,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     """Train (or resume) one condition; returns the run directory (with summary.json)."""
     from torch.utils.tensorboard import SummaryWriter
 
-    state = None
+    state, figures = None, figures_wanted()
     if cfg.resume is not None:
         cfg = resumed_config(cfg)
         state = load_checkpoint(cfg.resume)
@@ -420,7 +421,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     }
     write_text_atomic(run_dir / "history.json", json.dumps(history))
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
+    if figures:
+        timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
     return run_dir
 
 

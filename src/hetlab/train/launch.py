@@ -24,6 +24,7 @@ from hetlab.checkpoint import checkpoint_dir, read_checkpoint
 from hetlab.devices import apply_thread_budget, pick_device, thread_budget
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
+from hetlab.figures import figures_wanted
 from hetlab.files import write_text_atomic
 from hetlab.run_meta import META_FILE, record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
@@ -90,6 +91,7 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
         sources |= dict.fromkeys(scaled, "cpu default")
     cfg = with_ray_pool_sizes(cfg, launch)  # explicit sizes win over the scaled defaults
     validate(cfg)
+    figures_wanted()  # a bad HETLAB_FIGURES fails here, before the run starts, not at its end
     require_logger(cfg.logger)
     if cfg.video_every:
         check_rendering()

@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from hetlab.errors import UserError
+from hetlab.figures import figures_wanted
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
 from hetlab.stop_signals import resume_with
@@ -88,6 +89,7 @@ class RunRecord:
         if first_iteration:
             self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
                                         _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
+        self.figures = figures_wanted()
         self.loggers = make_loggers(cfg, run_dir)
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
@@ -147,7 +149,7 @@ class RunRecord:
 
     def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
         """summary.json (the whole run, and each launch), history.json, the Chrome trace and the
-        plots; `session_steps`: env steps collected in this launch."""
+        figures (unless HETLAB_FIGURES=0); `session_steps`: env steps collected in this launch."""
         cfg, history = self.cfg, self.history
         session = {
             "first_iteration": self.first_iteration,
@@ -181,10 +183,10 @@ class RunRecord:
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         self.save_history()
         self.timeline.write_chrome_trace(self.run_dir / "trace.json")
-        if history:
+        if history and self.figures:
             self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
             _plot_reward(self.run_dir / "reward.png", history, f"{cfg.task} {cfg.algo}")
-        _print_summary(summary, self.run_dir)
+        _print_summary(summary, self.run_dir, self.figures)
         return summary
 
 
@@ -235,7 +237,7 @@ def _plot_reward(path: Path, history: list[dict], title: str) -> None:
     plt.close(fig)
 
 
-def _print_summary(summary: dict, run_dir: Path) -> None:
+def _print_summary(summary: dict, run_dir: Path, figures: bool) -> None:
     from rich.table import Table
 
     table = Table(title="run summary", show_header=False)
@@ -244,5 +246,6 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         value = summary[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else str(value))
     console.print(table)
-    console.print(f"in {run_dir}: reward.png, time_breakdown.png, summary.json, history.json, trace.json "
+    drawn = "reward.png, time_breakdown.png, " if figures else ""
+    console.print(f"in {run_dir}: {drawn}summary.json, history.json, trace.json "
                   f"(Perfetto); curves: tensorboard --logdir {run_dir / 'tensorboard'}", highlight=False, soft_wrap=True)
