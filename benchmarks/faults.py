@@ -11,11 +11,13 @@ process with its collector processes and shared memory:
   --resume RUN` must finish the run: history.json never shrinks, at most one checkpoint interval
   is trained again, no temporary file, shared-memory segment or collector process is left.
 - disk: the run (or recording) on a 16 MB tmpfs that a filler file fills up while it runs, so that
-  its next checkpoint, its next write of any kind (TensorBoard's events or history.json) or its
-  next dataset episode no longer fits (mounting needs root): one line naming the file, what was
-  written before intact, and it goes on once the filler is gone.
+  its next checkpoint, its next write of any kind (TensorBoard's events or history.json), its
+  next dataset episode or Phase B's feature cache no longer fits (mounting needs root): one line
+  naming the file, what was written before intact, and it goes on once the filler is gone.
 - corrupt: a finished run's checkpoint tensors, checkpoint.json, config.json and history.json
-  truncated: each command that reads them says so in one line naming the file.
+  truncated, and the inputs of the other commands: a dataset's parquet, video and info.json,
+  Phase B's feature cache and exported INT8 prefix, a motion clip. Each command that reads one
+  says so in one line naming the file.
 - lock: `hetlab train --resume` of a run that is training: refused in one line.
 
 Writes runs/benchmarks/faults.json and prints the table for docs/reliability.md with the hardware.
@@ -382,6 +384,92 @@ def corrupt_trials(runs: Path) -> list[dict]:
     return results
 
 
+def imitation_inputs(scratch: Path) -> tuple[Path, Path]:
+    """A recorded dataset of 2 episodes and a tiny Phase-A run on it whose offload directory holds
+    a feature cache and exported prefixes (made by one step of Phase B's cache and L1 conditions)."""
+    dataset = scratch / "dataset"
+    subprocess.run([HETLAB, *RECORD, "--episodes", "2", "--out", str(dataset)], capture_output=True, check=True)
+    done = subprocess.run([HETLAB, *PHASE_A, "--steps", "2", "--dataset", str(dataset), "--runs-dir", str(scratch / "a")],
+                          capture_output=True, text=True, check=True)
+    phase_a = Path(done.stdout.splitlines()[0])
+    for condition in ("cache", "L1"):
+        subprocess.run([HETLAB, *phase_b(phase_a, condition, scratch / f"b-{condition}")], capture_output=True, check=True)
+    return dataset, phase_a
+
+
+def phase_b(phase_a: Path, condition: str, out: Path) -> list[str]:
+    return ["aloha", "train", "--phase", "B", "--from", str(phase_a), "--condition", condition, "--steps", "1",
+            "--train-episodes", "0-1", "--calibration-episodes", "0", "--out", str(out)]
+
+
+def damaged_input_trials(scratch: Path) -> list[dict]:
+    """Each file a command reads that no run of it wrote, cut to half its size in a copy: a
+    dataset's data and episodes parquet, its video and info.json (read by Phase A), Phase B's
+    feature cache and exported INT8 prefix, a motion clip (`train --task g1-track-motion`)."""
+    from hetlab.assets import motion_clip_path
+
+    dataset, phase_a = imitation_inputs(scratch)
+    (cache,) = (phase_a / "offload").glob("cache-*")
+    (int8,) = (phase_a / "offload").glob("prefix-*-int8-*.onnx")
+    damaged = {"dataset data parquet": (dataset, "data/chunk-000/file-000.parquet", "Phase A"),
+               "dataset episodes parquet": (dataset, "meta/episodes/chunk-000/file-000.parquet", "Phase A"),
+               "dataset video": (dataset, next(dataset.glob("videos/*/chunk-000/file-000.mp4")).relative_to(dataset),
+                                 "Phase A"),
+               "dataset info.json": (dataset, "meta/info.json", "Phase A"),
+               "feature cache": (phase_a, (cache / "tokens.npy").relative_to(phase_a), "Phase B cache"),
+               "exported INT8 prefix": (phase_a, int8.relative_to(phase_a), "Phase B L1")}
+    results = []
+    for name, (source, relative, command) in damaged.items():
+        copy = scratch / f"damaged-{len(results)}"
+        shutil.copytree(source, copy)
+        target = copy / relative
+        target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
+        args = {"Phase A": [*PHASE_A, "--steps", "2", "--dataset", str(copy), "--runs-dir", str(copy.with_suffix(".runs"))],
+                "Phase B cache": phase_b(copy, "cache", copy.with_suffix(".out")),
+                "Phase B L1": phase_b(copy, "L1", copy.with_suffix(".out"))}[command]
+        results.append(_damaged_read(name, command, target, args))
+    clip = scratch / "clip.npz"
+    clip.write_bytes(motion_clip_path().read_bytes()[: motion_clip_path().stat().st_size // 2])
+    results.append(_damaged_read("motion clip", "train", clip, [
+        "train", "--task", "g1-track-motion", "--motion", str(clip), "--max-iterations", "1",
+        "--runs-dir", str(scratch / "clip-runs")]))
+    return results
+
+
+def _damaged_read(name: str, command: str, target: Path, args: list[str]) -> dict:
+    result = subprocess.run([HETLAB, *args], capture_output=True, text=True)
+    first, one_line = error_lines(result.stderr)
+    return {"file": name, "command": command, "status": result.returncode, "line": first,
+            "one_line": result.returncode == 2 and one_line, "names_the_file": str(target) in first}
+
+
+def disk_cache_trial(scratch: Path) -> dict:
+    """The disk fills while Phase B builds its feature cache in the Phase-A run: one line naming the
+    cache, no half-built cache left, and the same command builds it once there is room."""
+    disk = scratch / "disk-cache"
+    reason = mount_small_disk(disk, "16m")
+    if reason is not None:
+        return {"where": "feature cache", "not_run": reason}
+    try:
+        _, source = imitation_inputs(scratch)
+        phase_a = disk / "phase-a"
+        shutil.copytree(source, phase_a, ignore=lambda _, names: [n for n in names if n.startswith("cache-")])
+        filler = fill(disk, 64 * 1024)  # less than the cache's tokens
+        args = phase_b(phase_a, "cache", scratch / "b-disk")
+        failed = subprocess.run([HETLAB, *args], capture_output=True, text=True)
+        first, one_line = error_lines(failed.stderr)
+        left = [p.name for p in (phase_a / "offload").iterdir() if "cache" in p.name]
+        filler.unlink()
+        again = subprocess.run([HETLAB, *args[:-1], str(scratch / "b-disk-again")], capture_output=True, text=True)
+        return {"where": "feature cache", "status": failed.returncode, "first_line": first, "one_line": one_line,
+                "stderr": failed.stderr[-3000:],
+                "names_the_file": first.startswith(f"error: no space left to write {phase_a / 'offload'}"),
+                "previous_checkpoint_intact": left == [], "resumed": again.returncode == 0,
+                "complete": again.returncode == 0 and len(list((phase_a / "offload").glob("cache-*/tokens.npy"))) == 1}
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def lock_trial(runs: Path) -> dict:
     learner = hetlab([*RUN, "--runs-dir", str(runs), "--max-iterations", "100000"])
     run_dir = Path(learner.stdout.readline().strip())
@@ -416,7 +504,8 @@ def table(report: dict) -> str:
                          f"(median) | {'nothing left behind' if not any(t['leftovers'] for t in trials) else 'LEFTOVERS'} |")
     for trial in report.get("disk", []):
         label = {"checkpoint": "disk full at a checkpoint", "episode": "disk full at a dataset episode",
-                 "run": "disk full between checkpoints (TensorBoard's events or history.json)"}[trial["where"]]
+                 "run": "disk full between checkpoints (TensorBoard's events or history.json)",
+                 "feature cache": "disk full while Phase B builds its feature cache"}[trial["where"]]
         if "not_run" in trial:
             lines.append(f"| {label} | 0 | — | — | — | — | not run: {trial['not_run']} |")
             continue
@@ -460,9 +549,10 @@ def main() -> None:
             report["kill_phase_a"] = [phase_a_trial(rng, ("random", "checkpoint")[i % 2], dataset, runs)
                                       for i in range(args.trials // 4)]
         if "disk" in args.faults:
-            report["disk"] = [disk_trial(what, runs) for what in ("checkpoint", "run", "episode")]
+            report["disk"] = [*(disk_trial(what, runs) for what in ("checkpoint", "run", "episode")),
+                              disk_cache_trial(runs)]
         if "corrupt" in args.faults:
-            report["corrupt"] = corrupt_trials(runs)
+            report["corrupt"] = corrupt_trials(runs) + damaged_input_trials(runs)
         if "lock" in args.faults:
             report["lock"] = lock_trial(runs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

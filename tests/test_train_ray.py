@@ -75,16 +75,18 @@ def both_paths_taken(stderr: str, run_dir: Path) -> None:
     assert history[-1]["ray/relayed_mb"] > 0  # the other node's rollouts came through the object store
 
 
-def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster, assert_same_weights):
-    """A run stopped at iteration 3 and resumed to 6 on the cluster ends with the weights of one
-    run straight to 6: the remote collector's task state comes back with its commits too."""
-    common = ["--ray", cluster, *SMALL_PPO, "--envs", "16", "--collectors", "2", "--horizon", "8",
-              "--checkpoint-every", "3"]
-    straight, _, _ = finished(hetlab_train(tmp_path / "a", *common, "--max-iterations", "6"))
-    interrupted, _, _ = finished(hetlab_train(tmp_path / "b", *common, "--max-iterations", "3"))
+def test_sync_resume_is_exact_with_collectors_on_two_nodes(tmp_path, cluster, assert_same_weights, hetlab_here):
+    """A run stopped at iteration 3 and resumed to 6 on the cluster ends with the weights of a run
+    straight to 6 on this machine alone: the remote collector's task state comes back with its
+    commits, and a collector on the cluster collects exactly what a local process does."""
+    common = [*SMALL_PPO, "--envs", "16", "--collectors", "2", "--horizon", "8", "--checkpoint-every", "3"]
+    local = hetlab_here("train", "--runs-dir", tmp_path / "a", "--task", "cartpole-balance", *common,
+                        "--max-iterations", "6")
+    assert local.returncode == 0, local.stderr[-3000:]
+    interrupted, _, _ = finished(hetlab_train(tmp_path / "b", "--ray", cluster, *common, "--max-iterations", "3"))
     resumed, _, _ = finished(hetlab_train(tmp_path / "b", "--resume", str(interrupted), "--ray", cluster,
                                           "--max-iterations", "6"))
-    assert_same_weights(straight, resumed, 6)
+    assert_same_weights(Path(local.stdout.splitlines()[0]), resumed, 6)
 
 
 def logged(learner: subprocess.Popen, iterations: int) -> Path:

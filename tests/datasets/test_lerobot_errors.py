@@ -75,6 +75,17 @@ def test_episodes_metadata_without_a_column(tiny_dataset):
     assert str(path) in str(error.value) and "to_timestamp" in str(error.value)
 
 
+@pytest.mark.parametrize("relative", ["data/chunk-000/file-001.parquet", "meta/episodes/chunk-000/file-000.parquet",
+                                      "meta/info.json", "meta/stats.json"])
+def test_a_truncated_file_is_one_line_naming_it(tiny_dataset, relative):
+    """A file damaged on disk after it was written whole (the writer renames complete files into place)."""
+    path = tiny_dataset.root / relative
+    os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(UserError) as error:
+        LeRobotDataset(tiny_dataset.root)
+    assert str(path) in str(error.value) and "\n" not in str(error.value)
+
+
 def test_other_codebase_version(tiny_dataset):
     path = tiny_dataset.root / "meta/info.json"
     info = json.loads(path.read_text())

@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
+from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.imitation.phase_b import train_phase_b
 from hetlab.imitation.study import StudyConfig, condition_run, run_study
@@ -99,6 +100,16 @@ def test_a_run_whose_files_disagree_with_its_name_is_refused(study, tmp_path):
     message = str(refusal.value)
     assert message.startswith(f"{config_path.parent} was made with steps 4, but its name is that of steps 3")
     assert "move it away" in message and "\n" not in message
+
+
+def test_a_second_study_writing_one_directory_is_refused(phase_a_run, tmp_path):
+    out = tmp_path / "study"
+    out.mkdir()
+    with exclusive_writer(out, "study"):  # as a study running in another process holds it
+        with pytest.raises(UserError, match=rf"^{out} is in use: another hetlab process \(pid \d+\) is writing this study"):
+            run_study(StudyConfig(from_run=phase_a_run, conditions="learner", seeds="2000", steps=1, eval_seeds="2000",
+                                  train_episodes="0-1", calibration_episodes="0", heldout_episodes="1", out=out))
+    assert [path.name for path in out.iterdir()] == [".writer.lock"]
 
 
 def test_unknown_condition_is_refused_before_anything_runs(phase_a_run, tmp_path):

@@ -6,6 +6,7 @@ never a fall back."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sys
 
@@ -16,7 +17,7 @@ import torch
 
 from hetlab.errors import UserError
 from hetlab.offload.backends import (OPENVINO_MISSING, OnnxRuntimeBackend, OpenVinoBackend, TorchBackend,
-                                     available_offload_devices, make_backend)
+                                     available_offload_devices, make_backend, prefix_model)
 from hetlab.cpu_isa import int8_kernels
 from hetlab.offload.feature_cache import FeatureCache, build_feature_cache
 from hetlab.offload.fidelity import mean_cosine
@@ -154,6 +155,28 @@ def test_two_builds_of_one_feature_cache_both_use_the_first_finished(visual, fra
     for got, want in zip(cached, expected, strict=True):
         torch.testing.assert_close(got, want, atol=2e-3, rtol=2e-3)  # fp16 storage
     assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+@pytest.mark.parametrize("damaged", ["tokens.npy", "meta.json"])
+def test_a_damaged_feature_cache_is_one_line_naming_it(visual, frames, tmp_path, damaged):
+    images, state = frames(4, seed=22)
+    dataset = [{"image": torch.from_numpy(i), "state": torch.from_numpy(s)} for i, s in zip(images, state)]
+    out, key = tmp_path / "cache-int8-0-1", {"phase_a_step": 20, "train_episodes": "0-1", "image_size": list(SIZE)}
+    build_feature_cache(visual, dataset, out, "int8", "image", "state", key)
+    os.truncate(out / damaged, (out / damaged).stat().st_size // 2)
+    with pytest.raises(UserError, match="the feature cache is damaged .*; delete it to rebuild") as error:
+        FeatureCache(out, key)
+    assert str(out) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_damaged_exported_prefix_is_one_line_naming_it(visual, fp32_prefixes, tmp_path):
+    for path in fp32_prefixes.values():
+        shutil.copy(path, tmp_path / path.name)
+    damaged = tmp_path / fp32_prefixes[2].name
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    with pytest.raises(UserError, match="the file is damaged, delete it and it is exported again") as error:
+        prefix_model(visual, 2, SIZE, tmp_path, "fp32", QuantiseConfig(), None)
+    assert str(damaged) in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_provider_onnx_runtime_lacks_here_is_a_user_error(workdir):

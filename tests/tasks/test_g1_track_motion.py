@@ -3,6 +3,8 @@ reference the robot is scored against, the clip's end as a time-out, and the tra
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -73,6 +75,23 @@ def test_a_bad_clip_is_one_line_before_anything_is_built(tmp_path, default_clip,
     with pytest.raises(UserError) as error:
         make_task("g1-track-motion", num_envs=1, threads=1, motion=str(path))
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_clip_file_is_one_line_naming_it(tmp_path, damage):
+    data = bytearray(motion_clip_path().read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    else:  # a run of bytes in the middle of the joint positions (a damaged member the task does not read is no harm)
+        with zipfile.ZipFile(motion_clip_path()) as archive:
+            member = archive.getinfo("joint_pos.npy")
+        middle = member.header_offset + member.compress_size // 2
+        data[middle: middle + 256] = bytes(256)
+    path = tmp_path / "damaged.npz"
+    path.write_bytes(data)
+    with pytest.raises(UserError) as error:
+        make_task("g1-track-motion", num_envs=1, threads=1, motion=str(path))
+    assert f"cannot read motion clip {path}" in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_missing_clip_or_motions_wheel_says_what_to_do(monkeypatch):

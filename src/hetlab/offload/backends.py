@@ -188,10 +188,10 @@ def prefix_model(visual: VisualEncoder, boundary: int, image_size: tuple[int, in
     weights = digest.hexdigest()
     # Every shallower prefix is cut from the deepest one, so one encoder is traced once.
     deepest = workdir / f"prefix-k{len(visual.layers)}-fp32-{weights}.onnx"
-    if not deepest.is_file():
+    if not _reusable(deepest):
         export_prefix(visual, len(visual.layers), *image_size, deepest)
     fp32 = workdir / f"prefix-k{boundary}-fp32-{weights}.onnx"
-    if not fp32.is_file():
+    if not _reusable(fp32):
         cut_prefix(visual, deepest, boundary, fp32)
     if precision == "fp32":
         return fp32
@@ -200,9 +200,25 @@ def prefix_model(visual: VisualEncoder, boundary: int, image_size: tuple[int, in
     for frames in calibration:
         digest.update(np.ascontiguousarray(frames).tobytes())
     int8 = workdir / f"prefix-k{boundary}-int8-{quantise.tag}-{digest.hexdigest()}.onnx"
-    if not int8.is_file():
+    if not _reusable(int8):
         quantise_prefix(fp32, int8, *calibration, quantise)
     return int8
+
+
+def _reusable(path: Path) -> bool:
+    """Whether an earlier export left `path`; a damaged one (written whole, then harmed on disk)
+    is refused in one line, since every run that used it would fail on it."""
+    if not path.is_file():
+        return False
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        onnx.load(str(path))
+    except (DecodeError, ValueError, OSError) as e:
+        raise UserError(f"{path}: cannot read this exported model ({type(e).__name__}: {e}); the file is damaged, "
+                        "delete it and it is exported again") from e
+    return True
 
 
 def make_backend(offload_device: str, boundary: int, image_size: tuple[int, int], workdir: Path | str, *,

@@ -130,11 +130,14 @@ class FeatureCache:
         meta_path = root / "meta.json"
         if not meta_path.is_file():
             raise UserError(f"{root}: no feature cache here (meta.json missing); it is rebuilt by Phase B's cache condition")
-        self.meta = json.loads(meta_path.read_text())
-        if self.meta["key"] != key:
-            raise UserError(f"{root}: this cache was built for {self.meta['key']}, not {key}; delete it to rebuild")
-        self._tokens = np.load(root / "tokens.npy", mmap_mode="r")
-        self._scales = np.load(root / "scales.npy", mmap_mode="r") if self.meta["dtype"] == "int8" else None
+        try:
+            self.meta = json.loads(meta_path.read_text())
+            if self.meta["key"] != key:
+                raise UserError(f"{root}: this cache was built for {self.meta['key']}, not {key}; delete it to rebuild")
+            self._tokens = _opened(root / "tokens.npy", self.meta["frames"])
+            self._scales = _opened(root / "scales.npy", self.meta["frames"]) if self.meta["dtype"] == "int8" else None
+        except (ValueError, KeyError, TypeError, OSError) as e:  # a cache is written whole: this one was damaged since
+            raise UserError(f"{root}: the feature cache is damaged ({type(e).__name__}: {e}); delete it to rebuild") from e
 
     def __len__(self) -> int:
         return self.meta["frames"]
@@ -145,3 +148,11 @@ class FeatureCache:
         if self._scales is not None:
             block *= self._scales[order].astype(np.float32)[..., None]
         return list(torch.from_numpy(block).unbind(dim=1))
+
+
+def _opened(path: Path, frames: int) -> np.ndarray:
+    """One of the cache's arrays, memory-mapped; ValueError unless it holds a row per frame."""
+    array = np.load(path, mmap_mode="r")
+    if len(array) != frames:
+        raise ValueError(f"{path.name} holds {len(array)} frames, the cache {frames}")
+    return array

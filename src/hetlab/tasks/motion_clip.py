@@ -9,6 +9,8 @@ made with, and a few millimetres of difference in a link would read as tracking 
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -66,7 +68,7 @@ def _read(path: Path, joints: Sequence[str]) -> tuple[float, np.ndarray]:
     try:
         with np.load(path) as clip:
             arrays = {key: clip[key] for key in clip.files if key in ("fps", "joint_pos", "joint_names")}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:  # absent, truncated, damaged
         raise UserError(f"cannot read motion clip {path}: {error}; a clip is an .npz file holding {LAYOUT}") from None
     missing = [key for key in ("fps", "joint_pos") if key not in arrays]
     if missing:
