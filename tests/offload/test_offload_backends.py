@@ -164,9 +164,9 @@ def test_a_damaged_feature_cache_is_one_line_naming_it(visual, frames, tmp_path,
     out, key = tmp_path / "cache-int8-0-1", {"phase_a_step": 20, "train_episodes": "0-1", "image_size": list(SIZE)}
     build_feature_cache(visual, dataset, out, "int8", "image", "state", key)
     os.truncate(out / damaged, (out / damaged).stat().st_size // 2)
-    with pytest.raises(UserError, match="the feature cache is damaged .*; delete it to rebuild") as error:
+    with pytest.raises(UserError, match=f"the feature cache is damaged .*; delete {out} to rebuild it") as error:
         FeatureCache(out, key)
-    assert str(out) in str(error.value) and "\n" not in str(error.value)
+    assert str(error.value).startswith(f"{out / damaged}: ") and "\n" not in str(error.value)
 
 
 def test_a_damaged_exported_prefix_is_one_line_naming_it(visual, fp32_prefixes, tmp_path):

@@ -130,14 +130,12 @@ class FeatureCache:
         meta_path = root / "meta.json"
         if not meta_path.is_file():
             raise UserError(f"{root}: no feature cache here (meta.json missing); it is rebuilt by Phase B's cache condition")
-        try:
-            self.meta = json.loads(meta_path.read_text())
-            if self.meta["key"] != key:
-                raise UserError(f"{root}: this cache was built for {self.meta['key']}, not {key}; delete it to rebuild")
-            self._tokens = _opened(root / "tokens.npy", self.meta["frames"])
-            self._scales = _opened(root / "scales.npy", self.meta["frames"]) if self.meta["dtype"] == "int8" else None
-        except (ValueError, KeyError, TypeError, OSError) as e:  # a cache is written whole: this one was damaged since
-            raise UserError(f"{root}: the feature cache is damaged ({type(e).__name__}: {e}); delete it to rebuild") from e
+        self.meta = _intact(meta_path, lambda: json.loads(meta_path.read_text()))
+        if _intact(meta_path, lambda: self.meta["key"]) != key:
+            raise UserError(f"{root}: this cache was built for {self.meta['key']}, not {key}; delete it to rebuild")
+        frames, int8 = _intact(meta_path, lambda: (int(self.meta["frames"]), self.meta["dtype"] == "int8"))
+        self._tokens = _intact(root / "tokens.npy", lambda: _rows(root / "tokens.npy", frames))
+        self._scales = _intact(root / "scales.npy", lambda: _rows(root / "scales.npy", frames)) if int8 else None
 
     def __len__(self) -> int:
         return self.meta["frames"]
@@ -150,9 +148,19 @@ class FeatureCache:
         return list(torch.from_numpy(block).unbind(dim=1))
 
 
-def _opened(path: Path, frames: int) -> np.ndarray:
+def _intact(path: Path, read):
+    """`read()`, with what a damaged file of the cache raises as one line naming `path` (a cache
+    is renamed into place whole, so a damaged one was harmed on disk since)."""
+    try:
+        return read()
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise UserError(f"{path}: the feature cache is damaged ({type(e).__name__}: {e}); delete {path.parent} "
+                        "to rebuild it") from e
+
+
+def _rows(path: Path, frames: int) -> np.ndarray:
     """One of the cache's arrays, memory-mapped; ValueError unless it holds a row per frame."""
     array = np.load(path, mmap_mode="r")
     if len(array) != frames:
-        raise ValueError(f"{path.name} holds {len(array)} frames, the cache {frames}")
+        raise ValueError(f"it holds {len(array)} frames, the cache {frames}")
     return array

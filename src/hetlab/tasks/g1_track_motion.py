@@ -28,7 +28,7 @@ from hetlab.assets import motion_clip_path, scene_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.g1 import DEFAULT_POSE, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
-from hetlab.tasks.motion_clip import load_motion_clip
+from hetlab.tasks.motion_clip import load_motion_clip, read_motion_clip
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import (
     projected_gravity,
@@ -97,7 +97,7 @@ class G1TrackMotion(Task):
     @classmethod
     def check_assets(cls, cfg: G1TrackMotionConfig) -> None:
         scene_xml("g1_flat")
-        motion_clip_path(cfg.motion)
+        read_motion_clip(motion_clip_path(cfg.motion), JOINTS)  # before a collector starts to build the task
 
     @classmethod
     def build_spec(cls, cfg: G1TrackMotionConfig) -> mujoco.MjSpec:

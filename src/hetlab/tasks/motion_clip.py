@@ -43,7 +43,7 @@ def load_motion_clip(path: str | Path, model: mujoco.MjModel, joints: Sequence[s
                      dt: float) -> MotionClip:
     """Read clip `path` for `model` (whose qpos is a free joint then `joints`) and derive the poses
     and velocities of `bodies` at every control step of length `dt`."""
-    fps, joint_pos = _read(Path(path), joints)
+    fps, joint_pos = read_motion_clip(path, joints)
     qpos = _resample(joint_pos, fps, dt, Path(path))
     qvel = np.empty((len(qpos), model.nv))
     for k in range(len(qpos)):  # central differences, one-sided at the ends
@@ -64,7 +64,10 @@ def load_motion_clip(path: str | Path, model: mujoco.MjModel, joints: Sequence[s
     return MotionClip(qpos, qvel, pos, quat, linvel, angvel)
 
 
-def _read(path: Path, joints: Sequence[str]) -> tuple[float, np.ndarray]:
+def read_motion_clip(path: str | Path, joints: Sequence[str]) -> tuple[float, np.ndarray]:
+    """A clip's frame rate and joint positions (root pose, then `joints`), checked: a UserError
+    for a clip that cannot be read or does not fit the robot."""
+    path = Path(path)
     try:
         with np.load(path) as clip:
             arrays = {key: clip[key] for key in clip.files if key in ("fps", "joint_pos", "joint_names")}
