@@ -408,6 +408,8 @@ def damaged_input_trials(scratch: Path) -> list[dict]:
     feature cache and exported INT8 prefix, a motion clip (`train --task g1-track-motion`)."""
     from hetlab.assets import motion_clip_path
 
+    scratch = scratch / "inputs"
+    scratch.mkdir()
     dataset, phase_a = imitation_inputs(scratch)
     (cache,) = (phase_a / "offload").glob("cache-*")
     (int8,) = (phase_a / "offload").glob("prefix-*-int8-*.onnx")
@@ -451,6 +453,8 @@ def disk_cache_trial(scratch: Path) -> dict:
     if reason is not None:
         return {"where": "feature cache", "not_run": reason}
     try:
+        scratch = scratch / "disk-cache-inputs"
+        scratch.mkdir()
         _, source = imitation_inputs(scratch)
         phase_a = disk / "phase-a"
         shutil.copytree(source, phase_a, ignore=lambda _, names: [n for n in names if n.startswith("cache-")])

@@ -104,7 +104,8 @@ def test_a_second_signal_exits_at_once_and_leaves_the_last_checkpoint_whole(tmp_
     assert segments_of(learner.pid) == []
 
 
-def test_a_sync_run_stopped_by_sigterm_and_resumed_is_bit_identical_to_a_straight_run(tmp_path, assert_same_weights):
+def test_a_sync_run_stopped_by_sigterm_and_resumed_is_bit_identical_to_a_straight_run(tmp_path, assert_same_weights,
+                                                                                      hetlab_here):
     common = ["--runs-dir", str(tmp_path / "runs"), "--task", "cartpole-balance", "--envs", "16", "--horizon", "8",
               "--checkpoint-every", "1000", *SMALL_PPO]
     learner = start("train", *common, "--max-iterations", "10000")
@@ -120,14 +121,13 @@ def test_a_sync_run_stopped_by_sigterm_and_resumed_is_bit_identical_to_a_straigh
     resume = shlex.split(next(line for line in stderr.splitlines() if line.startswith("resume with: "))
                          .removeprefix("resume with: "))
     assert resume[:2] == ["hetlab", "train"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # side by side
-            for command in ([HETLAB, *resume[1:], "--max-iterations", str(iteration + 2)],
-                            [HETLAB, "train", *common, "--max-iterations", str(iteration + 2)])]
-    resumed, straight = [(run, *run.communicate(timeout=300)) for run in runs]
-    for run, stdout, stderr in (resumed, straight):
-        assert run.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert Path(resumed[1].splitlines()[0]) == stopped
-    assert_same_weights(Path(straight[1].splitlines()[0]), stopped, iteration + 2)
+    # The stop is the console script's; the runs that check what it left run in this process.
+    resumed = hetlab_here(*resume[1:], "--max-iterations", str(iteration + 2))
+    straight = hetlab_here("train", *common, "--max-iterations", str(iteration + 2))
+    for run in (resumed, straight):
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert Path(resumed.stdout.splitlines()[0]) == stopped
+    assert_same_weights(Path(straight.stdout.splitlines()[0]), stopped, iteration + 2)
 
 
 def test_sigterm_stops_phase_a_after_the_step_with_a_checkpoint(tiny_aloha_dataset, tmp_path):
