@@ -6,9 +6,12 @@ in `hetlab.sim.SIMS`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import io
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -273,29 +276,29 @@ def refusal(capsys):
 
 
 
-@pytest.fixture
-def hetlab_here(capsys):
-    """`hetlab_here(*args)`: `hetlab ARGS` run by `hetlab.cli.main` in this process, as the console script
-    runs it, and its CompletedProcess (exit status, stdout, stderr). A new interpreter would pay its
-    imports again (~4 s a training run); the tests of the console script itself — the command line
-    meta.json records, signals, a crash's traceback — start it."""
-    import subprocess
-
+def hetlab_in_process(*args) -> subprocess.CompletedProcess:
+    """`hetlab ARGS` run by `hetlab.cli.main` in this process, as the console script runs it, and its
+    CompletedProcess (exit status, stdout, stderr). A new interpreter would pay its imports again
+    (~4 s a training run); the tests of the console script itself — the command line meta.json
+    records, signals, a crash's traceback — start it."""
     import torch
 
     from hetlab.cli import main
 
-    def run(*args) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        threads = torch.get_num_threads()  # a run sets its thread budget
-        try:
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()  # a run sets its thread budget
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main([str(arg) for arg in args])
-            status = 0
-        except SystemExit as exit_:
-            status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-        finally:
-            torch.set_num_threads(threads)
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(["hetlab", *map(str, args)], status, out.out, out.err)
+        status = 0
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(["hetlab", *map(str, args)], status, out.getvalue(), err.getvalue())
 
-    return run
+
+@pytest.fixture(scope="session")
+def hetlab_here():
+    """`hetlab_in_process`, for tests and for fixtures of any scope."""
+    return hetlab_in_process

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from hetlab.dir_lock import exclusive_writer
 from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
-HETLAB = str(Path(sys.executable).with_name("hetlab"))
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +44,11 @@ def phase_b_run(phase_a_run, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rl_run(tmp_path_factory) -> Path:
+def rl_run(tmp_path_factory, hetlab_here) -> Path:
     runs = tmp_path_factory.mktemp("rl")
-    result = subprocess.run(
-        [HETLAB, "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "2",
-         "--checkpoint-every", "1", "--runs-dir", str(runs), "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"],
-        capture_output=True, text=True, timeout=120,
-    )
+    result = hetlab_here(
+        "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "2",
+        "--checkpoint-every", "1", "--runs-dir", runs, "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return Path(result.stdout.splitlines()[0])
 

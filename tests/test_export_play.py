@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import av
@@ -23,18 +21,14 @@ from hetlab.deploy.play import play
 from hetlab.deploy.policy import load_policy
 from hetlab.tasks import make_task
 
-HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_NETS = ["--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
+def run_dir(tmp_path_factory, hetlab_here) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    result = subprocess.run(
-        [HETLAB, "train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations", "3",
-         "--checkpoint-every", "1", "--keep-checkpoints", "0", "--runs-dir", str(runs), *SMALL_NETS],
-        capture_output=True, text=True, timeout=120,
-    )
+    result = hetlab_here("train", "--task", "cartpole-balance", "--envs", "16", "--horizon", "8", "--max-iterations",
+                               "3", "--checkpoint-every", "1", "--keep-checkpoints", "0", "--runs-dir", runs, *SMALL_NETS)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return Path(result.stdout.splitlines()[0])
 
