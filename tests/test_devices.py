@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetlab.devices import DEVICE_CHOICES, LearnerDevice, cpu_count, pick_device, thread_budget
+from hetlab.devices import DEVICE_CHOICES, OPTIMIZER_OPTIONS, LearnerDevice, cpu_count, pick_device, thread_budget
 from hetlab.errors import UserError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -101,3 +101,20 @@ def test_overlapping_cpu_learner_and_physics_share_the_cores():
     assert budget.physics + budget.torch <= max(2, budget.cores)
     assert budget.physics >= 1 and budget.torch >= 1
     assert thread_budget(pick_device("cpu"), physics_threads=1, overlap=True).physics == 1
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW])
+def test_the_optimizers_step_on_a_cpu_is_the_default_loop_bit_for_bit(optimizer):
+    def trained(**options) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(7, 33), torch.nn.ELU(), torch.nn.LayerNorm(33), torch.nn.Linear(33, 5))
+        opt = optimizer(net.parameters(), lr=3e-3, weight_decay=1e-2, **options)
+        for _ in range(25):
+            opt.zero_grad()
+            net(torch.randn(64, 7)).square().mean().backward()
+            opt.step()
+        return [p.detach().clone() for p in net.parameters()]
+
+    loop, chosen = trained(foreach=False), trained(**OPTIMIZER_OPTIONS)
+    assert all(torch.equal(a, b) for a, b in zip(loop, chosen))
+    assert not torch.equal(loop[0], trained(foreach=False, betas=(0.8, 0.99))[0])  # the comparison can fail

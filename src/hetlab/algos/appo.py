@@ -34,6 +34,7 @@ from hetlab.algos.ppo import (
     minibatch_indices,
     set_learning_rate,
 )
+from hetlab.devices import OPTIMIZER_OPTIONS
 
 
 class APPO:
@@ -57,7 +58,8 @@ class APPO:
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.updates = 0
         self.learning_rate = cfg.learning_rate
-        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate)
+        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate,
+                                          **OPTIMIZER_OPTIONS)
         self.generator = torch.Generator().manual_seed(seed)
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:

@@ -49,6 +49,7 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
+from hetlab.devices import OPTIMIZER_OPTIONS
 
 
 class FastSAC:
@@ -79,11 +80,11 @@ class FastSAC:
         self.support = torch.linspace(cfg.v_min, cfg.v_max, cfg.num_atoms, device=device)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.target_entropy = -cfg.target_entropy_ratio * action_size
-        adamw = {"betas": cfg.adam_betas, "weight_decay": cfg.weight_decay}
+        adamw = {"betas": cfg.adam_betas, "weight_decay": cfg.weight_decay, **OPTIMIZER_OPTIONS}
         self.actor_optimizer = torch.optim.AdamW(self.actor.parameters(), lr=cfg.actor_learning_rate, **adamw)
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_learning_rate, **adamw)
         self.alpha_optimizer = torch.optim.AdamW([self.log_alpha], lr=cfg.alpha_learning_rate,
-                                                 betas=cfg.adam_betas, weight_decay=0.0)
+                                                 betas=cfg.adam_betas, weight_decay=0.0, **OPTIMIZER_OPTIONS)
         self.updates = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sample_actions = maybe_compile(self.actor.sample, cfg.compile)

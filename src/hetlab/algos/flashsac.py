@@ -63,6 +63,7 @@ from hetlab.algos.off_policy_networks import (
     standard_normal,
     tanh_gaussian_sample,
 )
+from hetlab.devices import OPTIMIZER_OPTIONS
 
 
 # -- layers: every one works on (members, batch, features), so the critic's twins run as one -------
@@ -258,9 +259,9 @@ class FlashSAC:
         self.target_entropy = 0.5 * action_size * math.log(2 * math.pi * math.e * cfg.target_entropy_std ** 2)
         # The largest |R_n| / (1 − γ^n) seen: the bound on returns that scales the rewards.
         self.return_bound = torch.zeros((), device=device)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate)
-        self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.learning_rate)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.learning_rate, **OPTIMIZER_OPTIONS)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.learning_rate, **OPTIMIZER_OPTIONS)
+        self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.learning_rate, **OPTIMIZER_OPTIONS)
         self.updates = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sample_actions = maybe_compile(self.actor.sample, cfg.compile)

@@ -32,6 +32,7 @@ from torch.distributions import Normal, kl_divergence
 
 from hetlab.algos.configs import PPOConfig
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
+from hetlab.devices import OPTIMIZER_OPTIONS
 from hetlab.errors import UserError
 
 
@@ -58,7 +59,8 @@ class PPO:
             device, seed,
         )
         self.learning_rate = cfg.learning_rate
-        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate)
+        self.optimizer = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate,
+                                          **OPTIMIZER_OPTIONS)
         # On the CPU whatever the device: a checkpoint then shuffles the same way wherever it resumes.
         self.generator = torch.Generator().manual_seed(seed)
 

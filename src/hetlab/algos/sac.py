@@ -43,6 +43,7 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
+from hetlab.devices import OPTIMIZER_OPTIONS
 
 
 class SAC:
@@ -69,9 +70,11 @@ class SAC:
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(math.log(cfg.init_alpha), device=device, requires_grad=True)
         self.target_entropy = -float(action_size) if cfg.target_entropy is None else cfg.target_entropy
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_learning_rate)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_learning_rate)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_learning_rate)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_learning_rate,
+                                                **OPTIMIZER_OPTIONS)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_learning_rate,
+                                                 **OPTIMIZER_OPTIONS)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_learning_rate, **OPTIMIZER_OPTIONS)
         self.updates = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.sample_actions = maybe_compile(self.actor.sample, cfg.compile)

@@ -38,6 +38,7 @@ from hetlab.algos.off_policy_networks import (
     soft_update,
     standard_normal,
 )
+from hetlab.devices import OPTIMIZER_OPTIONS
 
 
 class TD3:
@@ -60,8 +61,10 @@ class TD3:
         ), device)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_learning_rate)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_learning_rate)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_learning_rate,
+                                                **OPTIMIZER_OPTIONS)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_learning_rate,
+                                                 **OPTIMIZER_OPTIONS)
         self.updates = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.policy = maybe_compile(self.actor, cfg.compile)

@@ -27,6 +27,7 @@ from hetlab.aloha.record import CAMERA_KEY, recorded_render_quality
 from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import LearnerDevice, cpu_count, pick_device
+from hetlab.devices import OPTIMIZER_OPTIONS
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.figures import figures_wanted
@@ -332,7 +333,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     else:  # frozen batch norm keeps ImageNet's statistics; from scratch it must learn its own (policies/resnet.py)
         model_cfg = dataclasses.replace(preset.model, backbone_norm="frozen" if cfg.imagenet_weights else "batch")
     model = build_model(model_cfg, dataset, cfg.imagenet_weights)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=preset.lr, weight_decay=cfg.weight_decay, **OPTIMIZER_OPTIONS)
     step = 0
     if state is not None:
         load_weights(model, state["model"], cfg.resume)

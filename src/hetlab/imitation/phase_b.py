@@ -34,6 +34,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from hetlab.devices import OPTIMIZER_OPTIONS
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS
 from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, check_schedule, config_from_json,
                                   dropout_seed, learning_rate, load_run, load_weights, open_dataset,
@@ -289,7 +290,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
 
     visual = model.visual.to(torch_device)
     expert = new_action_expert(model.cfg, cfg.seed, model.action_expert).to(torch_device).train()
-    optimizer = torch.optim.AdamW(expert.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(expert.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **OPTIMIZER_OPTIONS)
     history = []
     if state is not None:
         if "optimizer" not in state:
