@@ -6,21 +6,25 @@ was recorded from, reaches the cube. A mismatch anywhere between recording and e
 from __future__ import annotations
 
 from hetlab.aloha.record import RecordConfig, record
-from hetlab.imitation.evaluate import EvalConfig, evaluate
-from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.evaluate import ChunkPolicy, eval_env, load_eval_policy, run_episode
+from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
+
+JUDGED_STEPS = (700, 800, 900, 1000)
 
 
 def test_a_policy_trained_on_one_episode_replays_it_in_closed_loop(tmp_path):
     dataset = tmp_path / "one-episode"
     record(RecordConfig(out=dataset, episodes=1, height=64, width=96, workers=1))
-    run = train_phase_a(PhaseAConfig(dataset=dataset, preset="tiny", train_episodes="0", steps=1100,
-                                     loader_workers=0, runs_dir=tmp_path / "runs"))
-    report = evaluate(EvalConfig(run=run, seeds="0", workers=1, videos=0, on_training_seeds=True,
-                                 out=tmp_path / "eval"))
-    assert report["held_out"] is False
-    (episode,) = report["per_seed"]
-    # Measured on 2-core AMD EPYCs, checkpoints of one run each. With AVX-512 VNNI: reward 0 after
-    # 600 steps, 2 (the cube lifted) after 1,000 and 1,200, 4 (handed over) after 1,500 and 2,000.
-    # AVX2 only: 0 after 500 and 800, 4 after 900, 2 after 1,000, 4 after 1,100, 1,200 and 1,500.
-    # Reward > 0: the right gripper went to the cube and touched it.
-    assert episode["max_reward"] > 0, episode
+    run = train_phase_a(PhaseAConfig(dataset=dataset, preset="tiny", train_episodes="0", steps=JUDGED_STEPS[-1],
+                                     loader_workers=0, keep_checkpoints=0, runs_dir=tmp_path / "runs"))
+    # What an evaluation worker runs (hetlab.imitation.evaluate), in this process: four worker
+    # starts would add ~7 s.
+    env = eval_env(read_run_config(run))
+    rewards = {step: run_episode(env, ChunkPolicy(load_eval_policy(run, step), replan_every=0), seed=0)["max_reward"]
+               for step in JUDGED_STEPS}
+    # Reward > 0: the right gripper went to the cube and touched it. Whether one checkpoint of a
+    # policy fitted to one episode does so swings with the CPU's kernels (a closed loop amplifies
+    # last-bit differences), so four are judged. Measured on a 2-core AMD EPYC (Zen 5) at steps
+    # 700-1,000: native kernels (AVX-512 VNNI, BF16) 2, 2, 2, 2; capped at AVX2 2, 0, 4, 2;
+    # ATen's default kernels 2, 2, 4, 2. A policy after 50 steps reaches nothing.
+    assert sum(reward > 0 for reward in rewards.values()) >= 2, rewards
