@@ -1,7 +1,10 @@
 """The imitation pipeline end to end at CI size: the scripted expert records one episode, Phase A
 (the tiny preset) trains on it, and the policy, evaluated in closed loop on the seed the episode
-was recorded from, reaches the cube. A mismatch anywhere between recording and evaluation
-(camera, image layout, state or action order and normalisation, chunk timing) fails it."""
+was recorded from, reaches the cube. A mismatch between recording and evaluation in the state or
+the actions (their order or normalisation) fails it: with the arms' states swapped no
+checkpoint reaches the cube. The image does not decide it (a policy fitted to one episode reaches
+the cube with the camera upside down); tests/policies/test_ar_actor.py checks that the policy
+acts on what the image shows."""
 
 from __future__ import annotations
 
@@ -26,5 +29,5 @@ def test_a_policy_trained_on_one_episode_replays_it_in_closed_loop(tmp_path):
     # policy fitted to one episode does so swings with the CPU's kernels (a closed loop amplifies
     # last-bit differences), so four are judged. Measured on a 2-core AMD EPYC (Zen 5) at steps
     # 700-1,000: native kernels (AVX-512 VNNI, BF16) 2, 2, 2, 2; capped at AVX2 2, 0, 4, 2;
-    # ATen's default kernels 2, 2, 4, 2. A policy after 50 steps reaches nothing.
+    # ATen's default kernels 2, 2, 4, 2 (docs/reliability.md). A policy after 50 steps reaches nothing.
     assert sum(reward > 0 for reward in rewards.values()) >= 2, rewards
