@@ -39,16 +39,50 @@ def encode_video(frames: np.ndarray, path: Path, fps: int) -> None:
     # SVT-AV1 prints a banner and its settings to stderr per video unless told to log errors only.
     os.environ.setdefault("SVT_LOG", "1")
     height, width = frames.shape[1:3]
-    with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_stream(ENCODER, rate=fps, options={"crf": str(CRF), "preset": str(PRESET)})
-        stream.width, stream.height, stream.pix_fmt = width, height, PIX_FMT
-        stream.codec_context.gop_size = GOP
-        stream.time_base = Fraction(1, fps)
-        for t, image in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-            frame.pts = t
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())  # flush the encoder's delayed frames
+    realtime_before = realtime_threads()
+    try:
+        with av.open(str(path), "w", format="mp4") as container:
+            stream = container.add_stream(ENCODER, rate=fps, options={"crf": str(CRF), "preset": str(PRESET)})
+            stream.width, stream.height, stream.pix_fmt = width, height, PIX_FMT
+            stream.codec_context.gop_size = GOP
+            stream.time_base = Fraction(1, fps)
+            for t, image in enumerate(frames):
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+                frame.pts = t
+                container.mux(stream.encode(frame))
+                if t == 0:  # the encoder opens on its first frame
+                    demote_realtime_threads(keep=realtime_before)
+            container.mux(stream.encode())  # flush the encoder's delayed frames
+    finally:
+        demote_realtime_threads(keep=realtime_before)
+
+
+# SVT-AV1 run as root switches the thread that opens an encoder, and the threads it starts, to
+# SCHED_FIFO at the highest priority. The calling thread stays so after the encoder closes, and
+# every thread or process it starts later inherits it: a recorder or a training run, busy on every
+# core, would then starve the rest of the machine. These put them back to the normal policy.
+
+def realtime_threads() -> set[int]:
+    """The ids of this process's threads on a real-time scheduling policy (Linux; elsewhere none)."""
+    if not hasattr(os, "sched_getscheduler") or not os.path.isdir("/proc/self/task"):
+        return set()
+    found = set()
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
+                found.add(tid)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+    return found
+
+
+def demote_realtime_threads(keep: set[int]) -> None:
+    """Back to the normal policy: every real-time thread of this process but those in `keep`."""
+    for tid in realtime_threads() - keep:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except ProcessLookupError:
+            pass
 
 
 class VideoReader:
