@@ -37,8 +37,13 @@ run: setup
 	$(VENV)/bin/hetlab train --task go1-joystick-flat --max-seconds 840 --until-solved
 	$(VENV)/bin/hetlab eval "$$(ls -td runs/go1-joystick-flat-*/*/ | head -n 1)" --video 1
 
+# Two passes: the tests in two pytest-xdist workers, then those marked `serial` (they time their own
+# work, or learn at a pace set by how their processes are scheduled) in one, with nothing beside them.
+# In the first, torch's thread pools default to one thread that sleeps rather than spins while it
+# waits, since two workers share the cores.
 test: setup
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE $(PY) -m pytest -q -n 2 -m "not serial"
+	$(PY) -m pytest -q -m serial
 
 # The tests whose tolerances depend on which kernels run, again on an AVX2-only CPU's kernels (docs/reliability.md).
 ISA_TESTS := tests/policies/test_ar_actor.py tests/offload/test_offload_export.py tests/offload/test_offload_backends.py \

@@ -42,6 +42,7 @@ def test_tasks_lists_every_registered_task_with_sizes():
     assert "go1-joystick-flat" in run("tasks").stdout
 
 
+@pytest.mark.serial
 def test_bench_sim_json_has_the_promised_keys_and_consistent_efficiency():
     result = json.loads(run("bench", "sim", "--seconds", "2", "--json").stdout)
     for key in ("physics_steps_per_s", "env_steps_per_s", "task_efficiency", "physics_share", "envs", "threads"):

@@ -136,6 +136,7 @@ def test_help_imports_neither_torch_nor_mujoco_nor_numpy():
     assert [(line, heavy) for line, heavy in imported if heavy] == []
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("line", [[], ["train"], ["aloha", "train"]], ids=lambda line: " ".join(line) or "hetlab")
 def test_help_is_quick(line):
     """Under 0.5 s on an idle 2-core machine; the bound leaves room for a busy one."""

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.serial  # bounds on how soon a signalled run stops
+
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_PPO = ["--algo", "ppo", "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
 CARTPOLE = ["--task", "cartpole-balance", "--envs", "64", "--horizon", "16", "--max-iterations", "10000", *SMALL_PPO]

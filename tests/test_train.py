@@ -65,6 +65,7 @@ def segments_of(pid: int) -> list[str]:
     # seeds 0 and 1 passed 350 at iterations 54 and 38 and held ~497 from iteration 70 on.
     [("appo", "async", 80)],
 )
+@pytest.mark.serial  # async: the collector's lead on the learner shapes what is learnt
 def test_solves_cartpole(tmp_path, algo, mode, iterations, train):
     run_dir, _ = train(
         tmp_path, "--algo", algo, "--mode", mode, "--task", "cartpole-balance", "--envs", "64",
@@ -212,6 +213,7 @@ def _child_pids(pid: int) -> list[int]:
     return children
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("algo_args", [SMALL_NETS, SMALL_SAC], ids=["ppo", "sac"])
 def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path, algo_args):
     learner = subprocess.Popen(
@@ -241,6 +243,7 @@ def test_killed_collector_stops_the_learner_quickly_without_leaking_shm(tmp_path
     assert segments_of(learner.pid) == []
 
 
+@pytest.mark.serial
 def test_collector_error_reaches_the_learner_with_its_traceback(tmp_path):
     # The file exists, so the learner's asset check passes; only the collector, which compiles it, fails.
     broken = tmp_path / "broken-assets"

@@ -36,6 +36,8 @@ from hetlab.algos.td3 import TD3Config
 from hetlab.train.config import AlgoConfigs, OffPolicyConfig, TrainConfig
 from hetlab.train.launch import train
 
+pytestmark = pytest.mark.serial  # the collectors' pace against the learner's shapes what is learnt
+
 ENVS = 32
 HORIZON = 50
 SMALL = {"actor_hidden": (64, 64), "critic_hidden": (64, 64)}

@@ -82,6 +82,7 @@ def test_camera_observation_shapes_and_content():
         env.close()
 
 
+@pytest.mark.serial
 def test_fast_render_quality_draws_the_same_scene_without_shadows_several_times_quicker():
     def frames_and_seconds(quality: str) -> tuple[np.ndarray, float]:
         env = AlohaTransferCube(height=120, width=160, render_quality=quality)

@@ -115,6 +115,7 @@ class EncoderStuck:
         return f"episode {seed}"
 
 
+@pytest.mark.serial  # a stall is judged against the longest episode's wall time
 def test_workers_stuck_on_an_episode_are_restarted_and_its_seed_comes_back_in_order(tmp_path):
     said = []
     with WorkerPool(2, EncoderStuck.stage, setup=EncoderStuck, setup_args=(str(tmp_path), 6, 1)) as pool:
@@ -133,6 +134,7 @@ def test_workers_stuck_on_an_episode_are_restarted_and_its_seed_comes_back_in_or
                         r"recording worker\(s\) for seeds 6", said[0])
 
 
+@pytest.mark.serial
 def test_a_seed_that_stalls_the_workers_again_and_again_stops_the_recording_in_one_line(tmp_path):
     with WorkerPool(1, EncoderStuck.stage, setup=EncoderStuck, setup_args=(str(tmp_path), 5, 99)) as pool:
         in_order = _InSeedOrder(pool, lambda _: None, first_stall_s=1, min_stall_s=1)

@@ -30,6 +30,8 @@ from hetlab.measure.power import (
     trapezoid_energy,
 )
 
+pytestmark = pytest.mark.serial  # a sampler thread's readings against wall time
+
 
 class LinearMeter(PowerMeter):
     """A made-up device whose power rises linearly, P(t) = 10 W + 5 W/s · (t − start)."""

@@ -8,6 +8,8 @@ import pytest
 
 from hetlab.offload.prefetch import Prefetcher
 
+pytestmark = pytest.mark.serial  # overlap measured in wall time
+
 FORWARD_S, UPDATE_S, STEPS = 0.05, 0.08, 12
 
 

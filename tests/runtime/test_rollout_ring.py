@@ -18,7 +18,8 @@ from hetlab.errors import UserError
 from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
 from hetlab.runtime.shm import ALIGN
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="inspects /dev/shm (Linux)")
+pytestmark = [pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="inspects /dev/shm (Linux)"),
+              pytest.mark.serial]  # bounds on how long acquire and take wait
 
 SPAWN = multiprocessing.get_context("spawn")
 LAYOUT = RolloutLayout(horizon=4, num_envs=3, obs_sizes={"policy": 5, "critic": 7}, action_size=2)

@@ -15,6 +15,8 @@ from hetlab.devices import pick_device
 from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
 from hetlab.runtime.staging import DeviceStager
 
+pytestmark = pytest.mark.serial  # a bound on the stager's timeout
+
 SPAWN = multiprocessing.get_context("spawn")
 LAYOUT = RolloutLayout(horizon=4, num_envs=3, obs_sizes={"policy": 5, "critic": 2}, action_size=2)
 

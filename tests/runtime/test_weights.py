@@ -13,6 +13,8 @@ import torch
 from hetlab.runtime.shm import attach_segment, close_segment
 from hetlab.runtime.weights import HEADER_BYTES, UNPUBLISHED, WeightBroadcast
 
+pytestmark = pytest.mark.serial  # reads interleaved with a child's writes
+
 SPAWN = multiprocessing.get_context("spawn")
 BIG = 1 << 15  # rows of 8 floats (1 MiB): a copy takes long enough that reads and writes overlap
 

@@ -19,6 +19,8 @@ import pytest
 from hetlab.errors import UserError
 from hetlab.runtime.workers import WorkerPool, call_in_own_process
 
+pytestmark = pytest.mark.serial  # bounds on how soon workers answer, restart and die
+
 
 class Offset:
     """A worker's state: its setup's argument, and a token drawn once, when the worker sets up."""
