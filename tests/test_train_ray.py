@@ -28,7 +28,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 # One xdist worker runs them all, one after another: killing "a collector" finds the actors by
 # process name, which would also find another Ray test's.
-pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.serial]  # local clusters sized to the machine's cores
+pytestmark = pytest.mark.serial  # local clusters sized to the machine's cores
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 SMALL_PPO = ["--algo", "ppo", "--ppo.actor-hidden", "32", "32", "--ppo.critic-hidden", "32", "32"]
 # The off-policy learning test's SAC case (tests/test_train_off_policy_learning.py), as options.
