@@ -15,7 +15,7 @@ from hetlab.tasks import TASKS, make_task
 from hetlab.tasks.cartpole import CartpoleBalance
 from hetlab.tasks.criteria import Criterion, judge
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
-from hetlab.train.evaluation import PolicyEvaluation
+from hetlab.train.evaluation import PolicyEvaluation, TrainingEvaluation
 from hetlab.train.recipes import RECIPES
 
 CPU = torch.device("cpu")
@@ -71,6 +71,35 @@ def test_a_pd_controller_solves_cartpole_and_one_that_ignores_the_cart_does_not(
     assert drifting["eval/solved"] == 0.0 and drifting["eval/return"] < 475 and drifting["eval/survival"] < 1.0
     falling = evaluation.run(CartpolePD([-5.0, -1.0, -0.5, -1.0]))  # pushes the wrong way: the pole falls
     assert falling["eval/survival"] == 0.0 and falling["eval/return"] < 50
+
+
+class ForgetsAfter(nn.Module):
+    """`policy` for its first `steps` batches of actions, then no push at all."""
+
+    def __init__(self, policy: nn.Module, steps: int):
+        super().__init__()
+        self.policy, self.steps = policy, steps
+
+    def forward(self, obs):
+        self.steps -= 1
+        return self.policy(obs) if self.steps >= 0 else torch.zeros(len(obs), 1)
+
+
+def test_a_run_at_a_coarser_step_is_solved_only_where_its_policy_also_passes_at_the_tasks_own():
+    evaluation = TrainingEvaluation("cartpole-balance", "mujoco", 32, 0, CPU, {"sim_dt": 0.02})
+    assert (evaluation.at_run_step.task.sim.timestep, evaluation.at_task_step.task.sim.timestep) == (0.02, 0.01)
+    pd = CartpolePD([5.0, 1.0, 0.5, 1.0])
+    solved = evaluation.run(pd)
+    assert solved["eval/solved"] == solved["eval/task_step/solved"] == 1.0 and solved["eval/task_step/return"] >= 475
+    # Passes at the run's step (its 500 steps), then fails at the task's own: not solved.
+    forgetting = evaluation.run(ForgetsAfter(pd, steps=500))
+    assert forgetting["eval/return"] >= 475 and forgetting["eval/task_step/survival"] == 0.0
+    assert forgetting["eval/solved"] == 0.0
+    # Failing at the run's step already: not judged again.
+    assert "eval/task_step/return" not in evaluation.run(CartpolePD([5.0, 1.0, 0.0, 0.0]))
+    # At the task's own step there is nothing to check twice.
+    assert TrainingEvaluation("cartpole-balance", "mujoco", 4, 0, CPU, {"sim_dt": 0.01}).at_task_step is None
+    assert TrainingEvaluation("cartpole-balance", "mujoco", 4, 0, CPU, {}).at_task_step is None
 
 
 def test_a_go1_that_stands_still_survives_but_does_not_walk_on_command():

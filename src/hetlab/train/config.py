@@ -88,7 +88,7 @@ class TrainConfig:
     # stop once the mean return of the last 100 episodes reaches this; None = never
     target_return: float | None = None
     # stop, with a checkpoint, once a deterministic evaluation (--eval-every) passes the task's "solved"
-    # criteria (`hetlab tasks` lists them)
+    # criteria (`hetlab tasks` lists them); a run at a coarser --sim-dt must pass them at the task's own step too
     until_solved: bool = False
     seed: int = 0  # seeds the networks, the envs and the exploration noise
     checkpoint_every: int = 50  # iterations

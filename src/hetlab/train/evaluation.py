@@ -5,7 +5,8 @@ its own (a seed apart from the collectors', exact observations, commands, goals 
 frames drawn as in training), from the same starting states every time, so that policies are
 compared on the same episodes. Training returns mix exploration noise and episodes cut at any
 point of a rollout; this is the number to compare policies by, and the one a task's "solved"
-criteria (tasks/criteria.py) judge.
+criteria (tasks/criteria.py) judge. A run that trains at a coarser physics step than its task's
+own (`--sim-dt`) is solved only where its policy also passes at the task's own step.
 """
 
 from __future__ import annotations
@@ -93,3 +94,26 @@ class PolicyEvaluation:
         finally:
             actor.train(was_training)
         return Episodes(returns, lengths, survived, metrics)
+
+
+class TrainingEvaluation:
+    """`--eval-every`'s evaluation, at the run's physics step. Where the run trains at a coarser step
+    than the task's own, a policy that passes "solved" there is judged again at the task's own step
+    (its values as eval/task_step/*), and eval/solved is that judgement: a recipe's coarse step counts
+    only if its policy transfers."""
+
+    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device, options: dict):
+        self.at_run_step = PolicyEvaluation(task, sim, envs, seed, device, options)
+        self.at_task_step = None
+        if options.get("sim_dt") and self.at_run_step.task.solved:
+            own = PolicyEvaluation(task, sim, envs, seed, device, {k: v for k, v in options.items() if k != "sim_dt"})
+            if own.task.sim.timestep != self.at_run_step.task.sim.timestep:
+                self.at_task_step = own
+
+    def run(self, actor: nn.Module) -> dict[str, float]:
+        row = self.at_run_step.run(actor)
+        if self.at_task_step is not None and row["eval/solved"]:
+            at_task_step = self.at_task_step.run(actor)
+            row.update({name.replace("eval/", "eval/task_step/", 1): value for name, value in at_task_step.items()})
+            row["eval/solved"] = at_task_step["eval/solved"]
+        return row

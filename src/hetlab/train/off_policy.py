@@ -33,7 +33,7 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.stop_signals import stop_guard
 from hetlab.tasks import task_class
-from hetlab.train.evaluation import PolicyEvaluation
+from hetlab.train.evaluation import TrainingEvaluation
 from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
@@ -62,8 +62,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episodes = EpisodeWindow()
     start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
-    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                  cfg.task_options) \
+    evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
+                                    cfg.task_options) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf

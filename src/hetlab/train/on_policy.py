@@ -27,7 +27,7 @@ from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.stop_signals import stop_guard
-from hetlab.train.evaluation import PolicyEvaluation
+from hetlab.train.evaluation import TrainingEvaluation
 from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
@@ -42,8 +42,8 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
-    evaluation = PolicyEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                  cfg.task_options) \
+    evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
+                                    cfg.task_options) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf
