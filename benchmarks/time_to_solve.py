@@ -9,6 +9,11 @@ criterion or the budget runs out, then `hetlab eval` judges the last checkpoint 
 (at the task's own physics step with --eval-sim-dt 0, which a recipe training at a coarser step must
 pass). Run it alone: on a 2-core machine any other process slows every number. Writes
 runs/benchmarks/time_to_solve-<task>.{json,png}, and prints a markdown table with the hardware.
+
+    .venv/bin/python benchmarks/time_to_solve.py --task go1-joystick-flat --from-runs RUN [RUN ...]
+
+draws the same figure and table from runs already trained (a resumed one included), each judged by
+its newest `hetlab eval` report, without training.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ parser.add_argument("--seeds", type=int, nargs="+", default=[0])
 parser.add_argument("--eval-sim-dt", type=float, default=None,
                     help="physics step of the final evaluation; default: the run's own; 0: the task's own")
 parser.add_argument("--runs-dir", default="runs/benchmarks/time_to_solve")
+parser.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="RUN",
+                    help="report these run directories instead of training")
 parser.add_argument("extra", nargs="*", help="options for hetlab train after --, over the recipe")
 args = parser.parse_args()
 
@@ -56,11 +63,36 @@ def run_seed(seed: int) -> dict:
     evaluate = [HETLAB, "eval", str(run_dir), "--json"]
     if args.eval_sim_dt is not None:
         evaluate += ["--sim-dt", str(args.eval_sim_dt)]
-    final = json.loads(subprocess.run(evaluate, check=True, capture_output=True, text=True).stdout)
+    return result(run_dir, json.loads(subprocess.run(evaluate, check=True, capture_output=True, text=True).stdout))
+
+
+def newest_report(run_dir: Path) -> dict:
+    reports = sorted(run_dir.glob("eval/*.json"), key=lambda path: path.stat().st_mtime)
+    if not reports:
+        sys.exit(f"{run_dir} has no evaluation report: run `hetlab eval {run_dir}` first")
+    return json.loads(reports[-1].read_text())
+
+
+BOOKKEEPING = {"task", "seed", "runs_dir", "max_seconds", "max_iterations", "until_solved", "resume", "checkpoint"}
+
+
+def options_over_recipe(config: dict) -> str:
+    """The options a run's command line set over its recipe, as `--name value`."""
+    given = []
+    for name, source in sorted(config["option_sources"].items()):
+        if source.startswith("command line") and name not in BOOKKEEPING:
+            group, _, field = name.rpartition(".")
+            value = config["algos"][group][field] if group in config["algos"] else config[name]
+            given.append(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(given)
+
+
+def result(run_dir: Path, final: dict) -> dict:
+    config = json.loads((run_dir / "config.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
     history = json.loads((run_dir / "history.json").read_text())
     solved_at = next((row for row in history if row.get("eval/solved") == 1.0), None)
-    return {"seed": seed, "run": str(run_dir), "stopped_by": summary["stopped_by"],
+    return {"seed": config["seed"], "options": options_over_recipe(config), "run": str(run_dir), "stopped_by": summary["stopped_by"],
             "env_steps": summary["env_steps"], "wall_seconds": summary["wall_seconds"],
             "solved_env_steps": solved_at and solved_at["env_steps"],
             "solved_wall_seconds": solved_at and solved_at["wall_seconds"],
@@ -69,10 +101,11 @@ def run_seed(seed: int) -> dict:
             "final_eval": final}
 
 
-results = [run_seed(seed) for seed in args.seeds]
+results = ([result(run_dir, newest_report(run_dir)) for run_dir in args.from_runs] if args.from_runs
+           else [run_seed(seed) for seed in args.seeds])
 hardware = f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores"
 OUT.mkdir(parents=True, exist_ok=True)
-report = {"task": args.task, "extra_options": args.extra, "budget_minutes": args.budget_minutes,
+report = {"task": args.task, "budget_minutes": args.budget_minutes,
           "hardware": hardware, "seeds": results}
 (OUT / f"time_to_solve-{args.task}.json").write_text(json.dumps(report, indent=2))
 
@@ -101,5 +134,5 @@ for result in results:
               if result["solved_wall_seconds"] is not None else
               f"not in {result['wall_seconds'] / 60:.1f} min ({result['env_steps']:,} steps)")
     values = " · ".join(f"{c['value']:.3f} {'✓' if c['passed'] else '✗'}" for c in final["criteria"])
-    print(f"| {args.task} | {result['seed']} | {' '.join(args.extra) or '—'} | {solved} | {values} "
+    print(f"| {args.task} | {result['seed']} | {result['options'] or '—'} | {solved} | {values} "
           f"(at {final['sim_dt']:g} s) | {hardware} |")
