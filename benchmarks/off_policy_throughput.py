@@ -2,9 +2,10 @@
 runtime, the learner's idle fraction waiting for batches, and where inference runs.
 
     .venv/bin/python benchmarks/off_policy_throughput.py [--algos sac td3 fastsac flashsac] [--envs 1024]
-        [--runs 2] [--seconds 60] [--placement-algos sac fastsac]
+        [--runs 2] [--seconds 60] [--placement-algos sac fastsac] [--device auto|cpu|cuda|...]
 
-- learner alone: `algo.update` on one fixed batch of the algorithm's default size, nothing else;
+- learner alone: `algo.update` on one fixed batch of the algorithm's default size, nothing else, on
+  the learner device (`--device`, as `hetlab train` picks it);
 - runtime: `hetlab train --algo A --max-seconds S` with the algorithm's defaults (fresh
   processes); updates/s between the first and the last logged iteration (the random warm-up
   excluded), env steps/s, and the learner's share of time waiting for a staged batch;
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from hetlab.algos import ALGOS
+from hetlab.devices import pick_device
 from hetlab.tasks import task_class
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,17 +40,20 @@ parser.add_argument("--placement-algos", nargs="+", default=["sac", "fastsac"])
 parser.add_argument("--envs", type=int, default=1024)
 parser.add_argument("--runs", type=int, default=2)
 parser.add_argument("--seconds", type=float, default=60.0)
+parser.add_argument("--device", default="auto", help="the learner's device, as hetlab train --device takes it")
 args = parser.parse_args()
+device = torch.device(pick_device(args.device).torch_device)
 task = task_class(args.task)
 
 
 def learner_alone(algo_name: str) -> float:
     cfg = ALGOS[algo_name].Config()
-    algo = ALGOS[algo_name](task.obs_sizes, task.action_size, cfg, torch.device("cpu"))
+    algo = ALGOS[algo_name](task.obs_sizes, task.action_size, cfg, device)
     b, p, c, a = cfg.batch_size, task.obs_sizes["policy"], task.obs_sizes["critic"], task.action_size
     batch = {"policy_obs": torch.randn(b, p), "critic_obs": torch.randn(b, c), "actions": torch.rand(b, a) * 2 - 1,
              "rewards": torch.randn(b), "bootstrap": torch.full((b,), cfg.gamma),
              "next_policy_obs": torch.randn(b, p), "next_critic_obs": torch.randn(b, c)}
+    batch = {name: value.to(device) for name, value in batch.items()}
     algo.update(batch)  # first-call allocations out of the timing
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds / 3 or updates < 3:
@@ -60,10 +65,9 @@ def learner_alone(algo_name: str) -> float:
 def in_runtime(algo_name: str, inference: str) -> dict:
     utd = ALGOS[algo_name].Config().updates_per_step
     horizon = max(1, round(8 / utd))  # ~8 updates per logged iteration
-    hetlab = Path(sys.executable).with_name("hetlab")
     with tempfile.TemporaryDirectory() as runs:
         out = subprocess.run(
-            [str(hetlab), "train", "--algo", algo_name, "--task", args.task, "--envs", str(args.envs),
+            [sys.executable, "-m", "hetlab.cli", "train", "--device", args.device, "--algo", algo_name, "--task", args.task, "--envs", str(args.envs),
              "--horizon", str(horizon), "--max-seconds", str(args.seconds), "--max-iterations", "100000000",
              "--checkpoint-every", "100000000", "--off-policy.inference", inference, "--runs-dir", runs],
             check=True, capture_output=True, text=True,

@@ -1,10 +1,12 @@
 """README numbers for the RL runtime: end-to-end env-steps/s of sync vs async PPO, against the
 two stages alone, with the time breakdown and the learner's idle fraction.
 
-    .venv/bin/python benchmarks/runtime_throughput.py [--envs 256 1024] [--runs 3] [--seconds 40]
+    .venv/bin/python benchmarks/runtime_throughput.py [--task T] [--envs 256 1024] [--runs 3] [--seconds 40]
+        [--device auto|cpu|cuda|...]
 
 - collectors alone: one process stepping the task with the actor's inference, nothing else;
-- learner alone: PPO updates on batches of the same shape, as env steps absorbed per second;
+- learner alone: PPO updates on batches of the same shape on the learner device (`--device`, as
+  `hetlab train` picks it), as env steps absorbed per second;
 - sync / async: `hetlab train --algo ppo --mode sync|async --max-seconds S` (fresh processes).
 Every figure is a median over `--runs`. Run it alone: on a 2-core box any other process
 skews every rate. Writes runs/benchmarks/runtime_throughput.json and prints a markdown table.
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 
 from hetlab.algos.ppo import PPO, PPOConfig
+from hetlab.devices import pick_device
 from hetlab.tasks import make_task
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,7 +35,9 @@ parser.add_argument("--envs", type=int, nargs="+", default=[256, 1024])
 parser.add_argument("--horizon", type=int, default=24)
 parser.add_argument("--runs", type=int, default=3)
 parser.add_argument("--seconds", type=float, default=40.0)
+parser.add_argument("--device", default="auto", help="the learner's device, as hetlab train --device takes it")
 args = parser.parse_args()
+device = torch.device(pick_device(args.device).torch_device)
 
 
 def collectors_alone(envs: int) -> float:
@@ -49,7 +54,7 @@ def collectors_alone(envs: int) -> float:
 
 def learner_alone(envs: int) -> float:
     task = make_task(args.task, num_envs=envs, seed=0)
-    algo = PPO(task.obs_sizes, task.action_size, PPOConfig(), torch.device("cpu"))
+    algo = PPO(task.obs_sizes, task.action_size, PPOConfig(), device)
     T, P, C, A = args.horizon, task.obs_sizes["policy"], task.obs_sizes["critic"], task.action_size
     batch = {
         "policy_obs": torch.randn(T + 1, envs, P), "critic_obs": torch.randn(T + 1, envs, C),
@@ -57,6 +62,7 @@ def learner_alone(envs: int) -> float:
         "terminated": torch.zeros(T, envs), "truncated": torch.zeros(T, envs),
         "final_critic_obs": torch.zeros(T, envs, C), "policy_version": torch.zeros(envs, dtype=torch.int64),
     }
+    batch = {name: value.to(device) for name, value in batch.items()}
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds / 2:
         algo.update(batch)
@@ -65,10 +71,9 @@ def learner_alone(envs: int) -> float:
 
 
 def end_to_end(envs: int, mode: str) -> dict:
-    hetlab = Path(sys.executable).with_name("hetlab")
     with tempfile.TemporaryDirectory() as runs:
         out = subprocess.run(
-            [str(hetlab), "train", "--algo", "ppo", "--mode", mode, "--task", args.task, "--envs", str(envs),
+            [sys.executable, "-m", "hetlab.cli", "train", "--algo", "ppo", "--mode", mode, "--device", args.device, "--task", args.task, "--envs", str(envs),
              "--horizon", str(args.horizon), "--max-seconds", str(args.seconds), "--max-iterations", "1000000",
              "--checkpoint-every", "1000000", "--runs-dir", runs],
             check=True, capture_output=True, text=True,

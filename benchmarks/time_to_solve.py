@@ -8,7 +8,7 @@ Each seed trains the task's recipe (with the extra options on top) until an eval
 criterion or the budget runs out, then `hetlab eval` judges the last checkpoint over 128 episodes
 (at the task's own physics step with --eval-sim-dt 0, which a recipe training at a coarser step must
 pass). Run it alone: on a 2-core machine any other process slows every number. Writes
-runs/benchmarks/time_to_solve-<task>.{json,png}, and prints a markdown table with the hardware.
+OUT/time_to_solve-<task>.{json,png} (--out, default runs/benchmarks), and prints a markdown table with the hardware.
 
     .venv/bin/python benchmarks/time_to_solve.py --task go1-joystick-flat --from-runs RUN [RUN ...]
 
@@ -38,13 +38,14 @@ parser.add_argument("--seeds", type=int, nargs="+", default=[0])
 parser.add_argument("--eval-sim-dt", type=float, default=None,
                     help="physics step of the final evaluation; default: the run's own; 0: the task's own")
 parser.add_argument("--runs-dir", default="runs/benchmarks/time_to_solve")
+parser.add_argument("--out", type=Path, default=Path("runs/benchmarks"), help="where the json and the figure go")
 parser.add_argument("--from-runs", nargs="+", type=Path, default=None, metavar="RUN",
                     help="report these run directories instead of training")
 parser.add_argument("extra", nargs="*", help="options for hetlab train after --, over the recipe")
 args = parser.parse_args()
 
-HETLAB = str(Path(sys.executable).with_name("hetlab"))
-OUT = Path("runs/benchmarks")
+HETLAB = [sys.executable, "-m", "hetlab.cli"]
+OUT = args.out
 
 
 def cpu_model() -> str:
@@ -56,11 +57,11 @@ def cpu_model() -> str:
 
 def run_seed(seed: int) -> dict:
     train = subprocess.run(
-        [HETLAB, "train", "--task", args.task, "--until-solved", "--seed", str(seed), "--max-iterations", "100000000",
+        [*HETLAB, "train", "--task", args.task, "--until-solved", "--seed", str(seed), "--max-iterations", "100000000",
          "--max-seconds", str(args.budget_minutes * 60), "--runs-dir", args.runs_dir, *args.extra],
         check=True, capture_output=True, text=True)
     run_dir = Path(train.stdout.splitlines()[0])
-    evaluate = [HETLAB, "eval", str(run_dir), "--json"]
+    evaluate = [*HETLAB, "eval", str(run_dir), "--json"]
     if args.eval_sim_dt is not None:
         evaluate += ["--sim-dt", str(args.eval_sim_dt)]
     return result(run_dir, json.loads(subprocess.run(evaluate, check=True, capture_output=True, text=True).stdout))

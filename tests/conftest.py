@@ -155,7 +155,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The backends installed here: `make test` installs MotrixSim with the dev extra; MuJoCo Warp
-# joins where its extra is (`pip install -e '.[dev,warp]'`, and benchmarks/gpu_check.sh).
+# joins where its extra is (`pip install -e '.[dev,warp]'`).
 INSTALLED_SIMS = [name for name, backend in SIMS.items() if backend.missing() is None]
 
 
