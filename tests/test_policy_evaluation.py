@@ -22,3 +22,12 @@ def test_the_same_actor_scores_the_same_and_stays_in_training_mode():
     assert actor.training
     other = PolicyEvaluation("cartpole-balance", "mujoco", envs=6, seed=1, device=torch.device("cpu")).run(actor)
     assert other != first  # the evaluation envs follow the run's seed
+
+
+def test_the_score_does_not_depend_on_the_physics_threads():
+    """Training evaluates on a collector's physics threads: the episodes must not change with them."""
+    cfg = config_from_options({"task": "go1-joystick-flat", "envs": 8, "ppo": {"actor_hidden": (16,), "critic_hidden": (16,)}})
+    actor = cfg.build_algorithm(torch.device("cpu")).actor
+    one, two = (PolicyEvaluation("go1-joystick-flat", "mujoco", envs=8, seed=0, device=torch.device("cpu"),
+                                 threads=threads).run(actor) for threads in (1, 2))
+    assert one == two and one["eval/episode_length"] > 10

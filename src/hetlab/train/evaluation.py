@@ -102,11 +102,13 @@ class TrainingEvaluation:
     (its values as eval/task_step/*), and eval/solved is that judgement: a recipe's coarse step counts
     only if its policy transfers."""
 
-    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device, options: dict):
-        self.at_run_step = PolicyEvaluation(task, sim, envs, seed, device, options)
+    def __init__(self, task: str, sim: str, envs: int, seed: int, device: torch.device, options: dict,
+                 threads: int = 1):
+        self.at_run_step = PolicyEvaluation(task, sim, envs, seed, device, options, threads)
         self.at_task_step = None
         if options.get("sim_dt") and self.at_run_step.task.solved:
-            own = PolicyEvaluation(task, sim, envs, seed, device, {k: v for k, v in options.items() if k != "sim_dt"})
+            own = PolicyEvaluation(task, sim, envs, seed, device, {k: v for k, v in options.items() if k != "sim_dt"},
+                                   threads)
             if own.task.sim.timestep != self.at_run_step.task.sim.timestep:
                 self.at_task_step = own
 

@@ -62,8 +62,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_sta
     episodes = EpisodeWindow()
     start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
+    # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
     evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                    cfg.task_options) \
+                                    cfg.task_options, physics_threads) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf

@@ -42,8 +42,9 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_stat
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
+    # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
     evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                    cfg.task_options) \
+                                    cfg.task_options, physics_threads) \
         if cfg.eval_every else None
     best = read_best(run_dir)
     best_return = best["eval/return"] if best else -math.inf
