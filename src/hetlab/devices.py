@@ -8,6 +8,7 @@ every core and thrash.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -81,8 +82,17 @@ def pick_device(requested: str = "auto") -> LearnerDevice:
     if requested == "mps":
         # MPS shares memory with the CPU: there is nothing to pin and no separate copy engine.
         return LearnerDevice("mps", "mps", "Apple GPU (MPS)", False, False, True)
-    bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return LearnerDevice("cpu", "cpu", _cpu_name(), False, False, bf16)
+    return LearnerDevice("cpu", "cpu", _cpu_name(), False, False, cpu_has_native_bf16())
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512_BF16 or AMX: oneDNN then runs bfloat16 matmuls natively."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def mixed_precision(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast for an update's forward passes when the config asks for it (`--<algo>.bf16`)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def cpu_count() -> int:

@@ -53,6 +53,9 @@ class PPOConfig:
     max_grad_norm: float = 1.0  # gradient-norm clipping
     num_learning_epochs: int = 5  # passes over each batch of rollouts
     num_mini_batches: int = 4  # minibatches each batch of rollouts is split into
+    # bfloat16 autocast of the epochs' forward passes, on a learner that runs bf16 natively (a GPU, or a
+    # CPU with AVX512_BF16 or AMX); the returns and advantages stay fp32
+    bf16: bool = False
 
     def __post_init__(self):
         # Configs read back from JSON carry lists; keep the dataclass hashable.

@@ -53,7 +53,6 @@ from hetlab.algos.off_policy_networks import (
     frozen,
     gradient_step,
     maybe_compile,
-    mixed_precision,
     obs_normalizer,
     plain_metrics,
     restore,
@@ -63,7 +62,7 @@ from hetlab.algos.off_policy_networks import (
     standard_normal,
     tanh_gaussian_sample,
 )
-from hetlab.devices import OPTIMIZER_OPTIONS
+from hetlab.devices import OPTIMIZER_OPTIONS, mixed_precision
 
 
 # -- layers: every one works on (members, batch, features), so the critic's twins run as one -------

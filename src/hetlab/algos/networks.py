@@ -86,7 +86,7 @@ class GaussianActor(nn.Module):
         return self.mean_net(self.obs_normalizer(obs))
 
     def distribution(self, obs: torch.Tensor) -> Normal:
-        mean = self(obs)
+        mean = self(obs).float()  # fp32 also under bf16 autocast: log-probs and the KL need its precision
         return Normal(mean, self.log_std.exp().expand_as(mean), validate_args=False)
 
     @torch.no_grad()

@@ -226,11 +226,6 @@ def frozen(module: nn.Module) -> Iterator[None]:
         module.requires_grad_(True)
 
 
-def mixed_precision(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast for an update's forward passes when the config asks for it."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
 def maybe_compile(fn: Callable, enabled: bool) -> Callable:
     """`torch.compile(fn)` when enabled. The compiled callable is kept by the algorithm, never set on a
     module, so a deep copy of the actor (a collector's copy, ONNX export) stays a plain module."""

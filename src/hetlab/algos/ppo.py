@@ -32,7 +32,7 @@ from torch.distributions import Normal, kl_divergence
 
 from hetlab.algos.configs import PPOConfig
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
-from hetlab.devices import OPTIMIZER_OPTIONS
+from hetlab.devices import OPTIMIZER_OPTIONS, mixed_precision
 from hetlab.errors import UserError
 
 
@@ -101,10 +101,11 @@ class PPO:
         for _ in range(cfg.num_learning_epochs):
             for index in minibatches:
                 mb = {key: value[index] for key, value in samples.items()}
-                dist = self.actor.distribution(mb["policy_obs"])
+                with mixed_precision(self.device, cfg.bf16):
+                    dist = self.actor.distribution(mb["policy_obs"])
+                    values_now = self.critic(mb["critic_obs"]).float()
                 log_probs = dist.log_prob(mb["actions"]).sum(-1)
                 entropy = dist.entropy().sum(-1).mean()
-                values_now = self.critic(mb["critic_obs"])
 
                 # KL-adaptive learning rate, set before this minibatch's step.
                 with torch.no_grad():

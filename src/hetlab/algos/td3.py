@@ -31,14 +31,13 @@ from hetlab.algos.off_policy_networks import (
     frozen,
     gradient_step,
     maybe_compile,
-    mixed_precision,
     plain_metrics,
     restore,
     snapshot,
     soft_update,
     standard_normal,
 )
-from hetlab.devices import OPTIMIZER_OPTIONS
+from hetlab.devices import OPTIMIZER_OPTIONS, mixed_precision
 
 
 class TD3:

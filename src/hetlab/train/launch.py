@@ -91,6 +91,9 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
         sources |= dict.fromkeys(scaled, "cpu default")
     cfg = with_ray_pool_sizes(cfg, launch)  # explicit sizes win over the scaled defaults
     validate(cfg)
+    if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
+        raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
+                        "AVX512_BF16 or AMX); train without it")
     figures_wanted()  # a bad HETLAB_FIGURES fails here, before the run starts, not at its end
     require_logger(cfg.logger)
     if cfg.video_every:
