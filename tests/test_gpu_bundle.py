@@ -45,6 +45,15 @@ def requirements(distribution: str, extras: tuple[str, ...] = ()) -> set[str]:
     return needed
 
 
+def needed_on_the_machine() -> set[str]:
+    """What the checks need installed there: hetlab's requirements with the checked extras, and the
+    bundled wheels' own."""
+    needed = requirements("hetlab", CHECKED_EXTRAS) - {"hetlab"}
+    for name in shell_list("gpu_bundle.sh", "BUNDLED"):
+        needed |= requirements(name)
+    return needed
+
+
 def test_the_bundle_carries_only_what_the_machine_lacks():
     assert not shell_list("gpu_bundle.sh", "BUNDLED") & machine_packages()
     assert not shell_list("gpu_bundle.sh", "LEFT_OUT") & machine_packages()
@@ -53,9 +62,7 @@ def test_the_bundle_carries_only_what_the_machine_lacks():
 def test_every_requirement_of_hetlab_and_the_bundle_is_carried_on_the_machine_or_left_out_on_purpose():
     bundled, left_out, machine = (shell_list("gpu_bundle.sh", "BUNDLED"), shell_list("gpu_bundle.sh", "LEFT_OUT"),
                                   machine_packages())
-    needed = requirements("hetlab", CHECKED_EXTRAS) - {"hetlab"}
-    for name in bundled:
-        needed |= requirements(name)
+    needed = needed_on_the_machine()
     missing = needed - bundled - left_out - machine
     assert not missing, f"neither bundled nor on the GPU machine: {sorted(missing)}"
     assert "mujoco-core" in bundled and "av" in bundled and "torch" in machine  # the list is the real one
@@ -65,10 +72,7 @@ def test_a_rehearsal_installs_every_package_the_checks_take_from_the_machine():
     """--rehearse builds the machine's side from MACHINE_PACKAGES_USED: it must hold every package
     the checks need from the machine (torch comes from the TORCH build), and only the machine's."""
     used, machine = shell_list("gpu_check.sh", "MACHINE_PACKAGES_USED"), machine_packages()
-    bundled = shell_list("gpu_bundle.sh", "BUNDLED")
-    needed = requirements("hetlab", CHECKED_EXTRAS) - {"hetlab"}
-    for name in bundled:
-        needed |= requirements(name)
+    needed = needed_on_the_machine()
     assert used <= machine, sorted(used - machine)
     assert needed & machine - {"torch"} <= used, sorted(needed & machine - {"torch"} - used)
 
