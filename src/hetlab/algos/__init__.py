@@ -1,11 +1,10 @@
 """Algorithm registry: names → options (`ALGO_CONFIGS`) and → algorithm classes (`ALGOS`).
 
-An algorithm is one file holding a class with `name`, `Config` (its options: a frozen
-dataclass in configs.py, which becomes the `--<name>.*` options of `hetlab train`), `off_policy`
-(which training loop feeds it), `actor`, `update(batch) -> metrics`, `state_dict()` and
-`load_state_dict()`, and `cpu_defaults`: the values it takes on a CPU learner for options left at
-their defaults, run-wide (`envs`) or its own (`<name>.batch_size`; see hetlab.train.device_defaults).
-Adding one is that file, its options in configs.py and its entries below.
+An algorithm is one file holding a class that meets `hetlab.algos.contract.Algorithm` (an
+on-policy one, `OnPolicyAlgorithm`): its name, its options (`Config`, a frozen dataclass in
+configs.py, which becomes the `--<name>.*` options of `hetlab train`), which loop feeds it, its
+CPU defaults (see hetlab.train.device_defaults), `actor`, `update`, `state_dict` and
+`load_state_dict`. Adding one is that file, its options in configs.py and its entries below.
 
 The classes import torch and are imported when first asked for (`algorithm_class`, `ALGOS`);
 the options are not, so that the command line builds its help without torch.
@@ -16,6 +15,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from hetlab.algos.configs import APPOConfig, FastSACConfig, FlashSACConfig, PPOConfig, SACConfig, TD3Config
+from hetlab.algos.contract import Algorithm
 
 ALGO_CONFIGS = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig, "td3": TD3Config, "fastsac": FastSACConfig,
                 "flashsac": FlashSACConfig}
@@ -23,7 +23,7 @@ ALGO_CONFIGS = {"ppo": PPOConfig, "appo": APPOConfig, "sac": SACConfig, "td3": T
 _CLASS_NAMES = {"ppo": "PPO", "appo": "APPO", "sac": "SAC", "td3": "TD3", "fastsac": "FastSAC", "flashsac": "FlashSAC"}
 
 
-def algorithm_class(name: str) -> type:
+def algorithm_class(name: str) -> type[Algorithm]:
     """The algorithm class registered as `name` (a key of ALGO_CONFIGS)."""
     return getattr(import_module(f"hetlab.algos.{name}"), _CLASS_NAMES[name])
 

@@ -13,7 +13,8 @@ the learner's device through `hetlab.runtime.inference_server`. It keeps the upd
 ratio from the other side: it waits while it is more than `lead` steps ahead of the learner.
 
 Both run in a process of the collector pool (`hetlab.runtime.pool`), which reports their
-exceptions and hands them the `stop` signal they poll.
+exceptions and hands them the `stop` signal they poll. They reach the learner's regions through
+the Protocols of `hetlab.runtime.collector_side`, which the regions and their Ray ports both meet.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetlab.runtime.replay import ReplayBuffer
-from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.measure.timeline import SpanRecorder
-from hetlab.runtime.weights import WeightBroadcast
+from hetlab.runtime.collector_side import RolloutSlots, TransitionSink, WeightSource
 from hetlab.tasks import make_task
 
 
@@ -46,7 +45,7 @@ class CollectorSpec:
     resume_state: dict[str, Any] | None = field(default=None, compare=False)
 
 
-def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, weights: WeightBroadcast, *,
+def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutSlots, weights: WeightSource, *,
                   stop) -> None:
     """An on-policy collector's process, until `stop` is set."""
     try:
@@ -59,7 +58,7 @@ def run_collector(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing
         weights.close()
 
 
-def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutRing, weights: WeightBroadcast, stop) -> None:
+def _collect(spec: CollectorSpec, actor: torch.nn.Module, ring: RolloutSlots, weights: WeightSource, stop) -> None:
     task = make_task(spec.task, **spec.task_options)
     sampler = torch.Generator().manual_seed(spec.seed)
     if spec.resume_state is None:
@@ -165,7 +164,7 @@ def fresh_episodes(spec, attempt: int, **changes):
 class LocalPolicy:
     """The collector's own CPU copy of the actor, refreshed whenever a newer version is published."""
 
-    def __init__(self, actor: torch.nn.Module, weights: WeightBroadcast, seed: int):
+    def __init__(self, actor: torch.nn.Module, weights: WeightSource, seed: int):
         self._actor, self._weights, self._seed = actor, weights, seed
 
     def attach(self) -> None:
@@ -184,7 +183,7 @@ class LocalPolicy:
         self._weights.close()
 
 
-def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, *, stop) -> None:
+def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: TransitionSink, *, stop) -> None:
     """An off-policy collector's process, until `stop` is set."""
     try:
         torch.set_num_threads(spec.torch_threads)
@@ -196,7 +195,7 @@ def run_transition_collector(spec: TransitionCollectorSpec, policy, replay: Repl
         policy.close()
 
 
-def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: ReplayBuffer, stop) -> None:
+def _collect_transitions(spec: TransitionCollectorSpec, policy, replay: TransitionSink, stop) -> None:
     task = make_task(spec.task, **spec.task_options)
     random_actions = torch.Generator().manual_seed(spec.seed)
     obs = task.reset()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import tyro
 
 from hetlab.algos import ALGO_CONFIGS, algorithm_class
+from hetlab.algos.contract import Algorithm
 from hetlab.errors import UserError
 from hetlab.run_config import read_rl_run_config
 from hetlab.sim import SIMS
@@ -123,7 +124,7 @@ class TrainConfig:
     algos: Annotated[AlgoConfigs, tyro.conf.arg(name="")] = field(default_factory=AlgoConfigs)
 
     @property
-    def algorithm(self) -> type:
+    def algorithm(self) -> type[Algorithm]:
         return algorithm_class(self.algo)
 
     @property
@@ -167,7 +168,7 @@ class TrainConfig:
         """Off-policy: the updates that `horizon` env steps pay for."""
         return max(1, round(self.horizon * self.algo_config.updates_per_step))
 
-    def build_algorithm(self, device: torch.device):
+    def build_algorithm(self, device: torch.device) -> Algorithm:
         """The run's algorithm, freshly initialised from its seed."""
         from hetlab.tasks import task_class
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hetlab.algos.contract import Algorithm
 from hetlab.checkpoint import checkpoint_dir, mark_best, read_best, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, fresh_episodes, run_transition_collector
@@ -38,7 +39,7 @@ from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
 
-def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
+def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm, resume_state: dict | None,
                      physics_threads: int, pool: CollectorPool) -> None:
     algo_cfg = cfg.algo_config
     task = task_class(cfg.task)

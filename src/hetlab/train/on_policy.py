@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from hetlab.algos.contract import OnPolicyAlgorithm
 from hetlab.checkpoint import mark_best, read_best, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
@@ -32,7 +33,7 @@ from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
 from hetlab.train.video import PolicyVideos
 
 
-def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo, resume_state: dict | None,
+def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlgorithm, resume_state: dict | None,
                     physics_threads: int, pool: CollectorPool) -> None:
     sync = cfg.resolved_mode == "sync"
     iteration = 0

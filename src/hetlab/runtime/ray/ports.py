@@ -1,8 +1,9 @@
 """The learner's shared regions as a collector on a Ray worker sees them, and the learner's ends.
 
 A local collector process inherits the rollout ring's and replay buffer's queues; a Ray actor
-cannot, so each region reaches it as a *port* with the same methods the collector calls, and
-the learner runs a *relay* for it that moves the messages the queues would:
+cannot, so each region reaches it as a *port* that meets the same collector-side Protocol as the
+region (`hetlab.runtime.collector_side`), and the learner runs a *relay* for it that moves the
+messages the queues would:
 
 - `RingPort` / `RingRelay`: the relay keeps the collector supplied with one free slot of the
   learner's ring and commits what comes back. On the learner's node the slot is the learner's
