@@ -238,7 +238,7 @@ def record_trial(rng: random.Random, where: str, scratch: Path) -> dict:
 
 def phase_a_trial(rng: random.Random, where: str, dataset: Path, runs: Path) -> dict:
     """Phase A (tiny preset) killed at a random moment or renaming its checkpoint into place, then resumed."""
-    from hetlab.imitation.phase_a import read_history
+    from hetlab.run_history import read_history
 
     args = [*PHASE_A, "--dataset", str(dataset), "--runs-dir", str(runs)]
     learner = hetlab(args, hook=None if where == "random" else f"{WRITES['checkpoint']}:{rng.randint(1, 2)}")

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from hetlab.run_history import read_history
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--dataset", type=Path, default=Path("datasets/aloha-120x160-fast"))
 parser.add_argument("--phase-a", type=Path, help="an existing Phase-A run (trained with --keep-checkpoints 0)")
@@ -81,7 +83,7 @@ phase_a = args.phase_a
 if phase_a is None:
     phase_a = Path(run("aloha", "train", "--dataset", str(args.dataset), "--preset", "cpu", "--keep-checkpoints", "0",
                        "--runs-dir", "runs", *(["--steps", str(args.steps)] if args.steps else [])).splitlines()[0])
-history = [json.loads(line) for line in (phase_a / "history.jsonl").read_text().splitlines()]
+history = read_history(phase_a)
 report["phase_a"] = {"run": str(phase_a), "steps": history[-1]["step"], "wall_s": history[-1]["wall_s"],
                      "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"]}
 

@@ -14,7 +14,7 @@ SOURCE = Path(hetlab.__file__).parent
 # module paths below `hetlab`; the longest matching prefix places a module.
 LAYERS = [
     ["errors", "files", "dir_lock", "stop_signals", "seeds", "extras", "onnx_export", "devices", "cpu_isa", "checkpoint",
-     "run_config", "run_meta", "assets", "headless_gl", "figures", "measure"],
+     "run_config", "run_history", "run_meta", "assets", "headless_gl", "figures", "measure"],
     ["sim"],
     ["tasks"],
     ["algos"],

@@ -137,7 +137,7 @@ def test_sigterm_stops_phase_a_after_the_step_with_a_checkpoint(tiny_aloha_datas
                     "--steps", "100000", "--runs-dir", str(tmp_path / "runs"))
     try:
         run_dir = Path(trainer.stdout.readline().strip())
-        while not (run_dir / "history.jsonl").is_file() or not (run_dir / "history.jsonl").read_text():
+        while not (run_dir / "history.json").is_file():  # written with the first checkpoint
             assert trainer.poll() is None, trainer.stderr.read()
             time.sleep(0.1)
         trainer.send_signal(signal.SIGTERM)

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import hetlab.imitation.phase_a as phase_a
-from hetlab.imitation.phase_a import (PRESETS, PhaseAConfig, batch_indices, load_policy, load_weights, read_history,
-                                  train_phase_a)
+from hetlab.imitation.phase_a import PRESETS, PhaseAConfig, batch_indices, load_policy, load_weights, train_phase_a
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
 from hetlab.errors import UserError
 from hetlab.policies.ar_actor import ARActor, ARActorConfig
+from hetlab.run_history import read_history
 
 TINY = PRESETS["tiny"]
 FRAMES = 2 * 60  # tiny_aloha_dataset: 2 episodes × 60 frames
@@ -119,6 +119,18 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     assert load_checkpoint(resumed)["step"] == 2 * n + 4
     # Every launch is in meta.json; the refused one left no trace.
     assert len(json.loads((resumed / "meta.json").read_text())["launches"]) == 3
+
+
+def test_a_run_from_before_history_json_resumes_and_keeps_its_rows(tiny_aloha_dataset, tmp_path):
+    run = tiny_run(tiny_aloha_dataset, tmp_path, 20)
+    rows = read_history(run)
+    # As Phase A wrote it then: a row per line, the last one cut short by the kill that ended the run.
+    (run / "history.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"step": 2')
+    (run / "history.json").unlink()
+    assert read_history(run) == rows
+    train_phase_a(PhaseAConfig(resume=run, steps=30))
+    assert [row["step"] for row in read_history(run)] == [10, 20, 30]
+    assert read_history(run)[:2] == rows and not (run / "history.jsonl").exists()
 
 
 def test_the_learning_rate_falls_over_the_last_share_of_the_steps(tiny_aloha_dataset, tmp_path):

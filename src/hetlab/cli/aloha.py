@@ -188,7 +188,8 @@ def _loss_line(run_dir: Path, steps: int, first_loss: float | None, last_loss: f
 def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> None:
     """Train the AR-Actor: --phase A (whole policy on a dataset) or --phase B (new action expert on a frozen Phase-A encoder)."""
     if cfg.phase == "A":
-        from hetlab.imitation.phase_a import PhaseAConfig, read_history, train_phase_a
+        from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+        from hetlab.run_history import read_history
 
         run_dir = train_phase_a(cfg.phase_config(PhaseAConfig))
         history = read_history(run_dir)

@@ -35,6 +35,7 @@ from hetlab.files import atomic_path, write_text_atomic
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
 from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
+from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import record_launch
 from hetlab.seeds import parse_seeds
 from hetlab.stop_signals import resume_with, stop_guard
@@ -339,7 +340,6 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         load_weights(model, state["model"], cfg.resume)
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-        _truncate_history(run_dir, step)  # rows logged after the checkpoint are logged again
         saved["phase_a"]["steps"] = preset.steps  # a longer resumed run is now this long
         saved["phase_a"]["keep_checkpoints"] = cfg.keep_checkpoints
         write_text_atomic(run_dir / "config.json", json.dumps(saved, indent=2))
@@ -359,13 +359,15 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         dataset, batch_sampler=StepBatches(step, preset.steps, cfg.batch, len(dataset), cfg.seed),
         num_workers=cfg.loader_workers, pin_memory=device.pinned_memory, prefetch_factor=4 if cfg.loader_workers else None,
         persistent_workers=False)
-    history_path = run_dir / "history.jsonl"
+    # Rows logged after the checkpoint are logged again.
+    history = [row for row in read_history(run_dir) if row["step"] <= step] if state is not None else []
     writer = SummaryWriter(str(run_dir / "tensorboard"))
     start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
     first_step = step
     stopped_by = "steps"
 
     def checkpoint() -> None:
+        write_history(run_dir, history)  # first: a kill between the two leaves rows a resume drops, none lost
         save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                         keep=cfg.keep_checkpoints)
         resume_with(f"hetlab aloha train --resume {shlex.quote(str(run_dir))}")
@@ -373,7 +375,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
     try:
-        with stop_guard() as interrupted, progress, open(history_path, "a") as history:
+        with stop_guard() as interrupted, progress:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
             for batch in loader:
                 images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
@@ -399,8 +401,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                            "lr": optimizer.param_groups[0]["lr"],
                            "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
                            "wall_s": now - start}
-                    history.write(json.dumps(row) + "\n")
-                    history.flush()
+                    history.append(row)
                     for key in ("loss", "grad_norm", "lr", "samples_per_s"):
                         writer.add_scalar(f"train/{key}", row[key], step)
                     progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
@@ -415,7 +416,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         torch.set_num_threads(threads_before)
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
-    _finish(run_dir, step, first_step, time.perf_counter() - start, stopped_by, figures)
+    _finish(run_dir, history, step, first_step, time.perf_counter() - start, stopped_by, figures)
     return run_dir
 
 
@@ -449,26 +450,10 @@ def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
                         "restore it from a copy of the run, or start a new run") from e
 
 
-def _truncate_history(run_dir: Path, step: int) -> None:
-    rows = [row for row in read_history(run_dir) if row["step"] <= step]
-    write_text_atomic(run_dir / "history.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-
-
-def read_history(run_dir: Path) -> list[dict]:
-    """history.jsonl's rows; a last line without its newline (the run was killed writing it) is dropped."""
-    path = run_dir / "history.jsonl"
-    if not path.is_file():
-        return []
-    *complete, _partial = path.read_text().split("\n")
-    try:
-        return [json.loads(line) for line in complete]
-    except ValueError as e:
-        raise UserError(f"{path} is corrupt ({e}); delete it to resume without the earlier loss curve") from e
-
-
-def _finish(run_dir: Path, step: int, first_step: int, wall: float, stopped_by: str, figures: bool) -> None:
-    """summary.json and the loss curve (unless HETLAB_FIGURES=0)."""
-    history = read_history(run_dir)
+def _finish(run_dir: Path, history: list[dict], step: int, first_step: int, wall: float, stopped_by: str,
+            figures: bool) -> None:
+    """history.json, summary.json and the loss curve (unless HETLAB_FIGURES=0)."""
+    write_history(run_dir, history)
     summary = {"steps": step, "session_steps": step - first_step, "session_wall_s": wall, "stopped_by": stopped_by,
                "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None}
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

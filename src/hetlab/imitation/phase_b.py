@@ -54,6 +54,7 @@ from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, H
                                      evenly_spaced_frames)
 from hetlab.offload.prefetch import Prefetcher
 from hetlab.offload.quantise import QuantiseConfig
+from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import record_launch
 from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.measure.timeline import SpanRecorder, Timeline
@@ -298,7 +299,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                             "train the condition again")
         load_weights(expert, state["action_expert"], cfg.resume)
         optimizer.load_state_dict(state["optimizer"])
-        history = [row for row in _read_history(run_dir) if row["step"] <= first_step]
+        history = [row for row in read_history(run_dir) if row["step"] <= first_step]
     cache_info = None
     if cfg.condition == "cache":
         cache_dir = Path(cfg.from_run) / "offload" / f"cache-{cfg.cache_dtype}-{cfg.train_episodes}"
@@ -338,8 +339,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     started = time.perf_counter()
 
     def checkpoint() -> None:
-        # The history first: killed between the two, the older checkpoint's resume drops the newer rows.
-        write_text_atomic(run_dir / "history.json", json.dumps(history))
+        write_history(run_dir, history)  # first: a kill between the two leaves rows a resume drops, none lost
         save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(),
                                         "step": step})
         resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
@@ -420,13 +420,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         "peak_memory": dataclasses.asdict(peak_memory(torch_device)),
         "cache": cache_info,
     }
-    write_text_atomic(run_dir / "history.json", json.dumps(history))
+    write_history(run_dir, history)
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     if figures:
         timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
     return run_dir
-
-
-def _read_history(run_dir: Path) -> list[dict]:
-    path = run_dir / "history.json"
-    return json.loads(path.read_text()) if path.is_file() else []

@@ -26,6 +26,7 @@ from hetlab.figures import figures_wanted
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
 from hetlab.stop_signals import resume_with
+from hetlab.run_history import read_history, write_history
 from hetlab.train.loggers import PolicyVideo, make_loggers
 
 console = Console()
@@ -79,7 +80,7 @@ class RunRecord:
         self.first_iteration = first_iteration
         # Rows of runs from before the column was named for what it is (a return) say mean_reward.
         self.history = [{("mean_return" if key == "mean_reward" else key): value for key, value in row.items()}
-                        for row in _read_json(run_dir / "history.json", []) if row["iteration"] < first_iteration]
+                        for row in read_history(run_dir) if row["iteration"] < first_iteration]
         self._earlier_rows = len(self.history)
         previous = _read_json(run_dir / "summary.json", {}) if first_iteration else {}
         self.sessions: list[dict] = previous.get("sessions", [])
@@ -127,7 +128,7 @@ class RunRecord:
         return self.history[self._earlier_rows:]
 
     def save_history(self) -> None:
-        write_text_atomic(self.run_dir / "history.json", json.dumps(self.history))
+        write_history(self.run_dir, self.history)
 
     @contextmanager
     def checkpointing(self):
