@@ -59,3 +59,34 @@ def test_a_push_kicks_the_pelvis_when_it_is_due():
     assert 0.1 <= np.linalg.norm(kick[2]) <= 2.0
     np.testing.assert_array_equal(np.delete(kick, 2, axis=0), 0.0)
     assert pushed.steps_to_push[2] == pushed.push_interval[2]
+
+
+def test_the_penalty_curriculum_scales_the_penalties_pays_for_staying_up_and_resumes_exactly():
+    curriculum = make_task("g1-walk-flat", num_envs=N, threads=1, seed=3)
+    playground = make_task("g1-walk-flat", num_envs=N, threads=1, seed=3, penalty_curriculum=None)
+    actions = np.random.default_rng(0).uniform(-0.3, 0.3, (N, 29)).astype(np.float32)
+    curriculum.reset()
+    playground.reset()
+    scale = float(curriculum.curriculum.scale)
+    assert scale == 0.1 and playground.curriculum is None
+    terms = curriculum.step(actions)[4]["reward_terms"]
+    full = playground.step(actions)[4]["reward_terms"]
+    assert curriculum.curriculum_terms and "termination" not in curriculum.curriculum_terms
+    for name, value in full.items() - {"alive": 0.0}.items():
+        expected = value * scale if name in curriculum.curriculum_terms else value
+        assert terms[name] == pytest.approx(expected, rel=1e-9, abs=1e-15), name
+    assert terms["alive"] == pytest.approx(curriculum.dt) and full["alive"] == 0.0
+
+    # Short episodes shrink the scale; the task's state carries it, so a resume continues exactly.
+    state = None
+    for step in range(120):
+        if step == 60:
+            state = curriculum.state_dict()
+        curriculum.step(actions)
+    assert float(curriculum.curriculum.scale) < scale
+    again = make_task("g1-walk-flat", num_envs=N, threads=1, seed=3)
+    again.load_state_dict(state)
+    for _ in range(60):
+        again.step(actions)
+    assert float(again.curriculum.scale) == float(curriculum.curriculum.scale)
+    assert float(again.curriculum.mean_length) == float(curriculum.curriculum.mean_length)

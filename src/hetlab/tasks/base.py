@@ -14,7 +14,9 @@ hooks are `_update_state` (derive this step's quantities from physics, before re
 (their own start-state randomisation) and `_episode_metrics` (what a finished episode scored
 besides its return, e.g. goals reached, reported in `info["episode_metrics"]`). A task names the
 unweighted reward terms whose per-step mean over an episode is one of its metrics in
-`tracked_terms`, and what "solved" means for it in `solved` (see criteria.py).
+`tracked_terms`, and what "solved" means for it in `solved` (see criteria.py). A task whose
+config has a penalty curriculum (curriculum.py) sets `curriculum`, which scales the weights of
+its `curriculum_terms` and is part of its state.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from hetlab.sim.contract import BatchSim
 from hetlab.tasks.criteria import Criterion
+from hetlab.tasks.curriculum import PenaltyCurriculum
 
 Obs = dict[str, np.ndarray]
 Index = slice | np.ndarray  # all envs (slice(None)) or an array of env ids
@@ -60,6 +63,7 @@ class Task(ABC):
     reward_weights: dict[str, float]
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
     reward_floor: float | None = None  # the scaled reward is clipped from below to this, if set
+    curriculum_terms: ClassVar[tuple[str, ...]] = ()  # the penalty terms a curriculum scales
     # Reward terms whose unweighted per-step mean over an episode is an episode metric of that name.
     tracked_terms: ClassVar[tuple[str, ...]] = ()
     solved: ClassVar[tuple[Criterion, ...]] = ()  # what a deterministic evaluation must pass; () = undefined
@@ -104,6 +108,7 @@ class Task(ABC):
         self.episode_return = np.zeros(n, np.float64)
         self.last_actions = np.zeros((n, self.action_size), np.float32)
         self.tracked_sums = np.zeros((n, len(self.tracked_terms)), np.float64)
+        self.curriculum: PenaltyCurriculum | None = None
         self._obs: Obs | None = None
 
     # -- the contract -------------------------------------------------------------------------
@@ -131,8 +136,10 @@ class Task(ABC):
         terms = self._reward_terms(actions)
         reward = np.zeros(self.num_envs, np.float64)
         term_means = {}
+        penalty_scale = float(self.curriculum.scale) if self.curriculum is not None else 1.0
         for name, value in terms.items():
-            weighted = (self.reward_weights[name] * self.reward_scale) * value
+            weight = self.reward_weights[name] * self.reward_scale
+            weighted = (weight * penalty_scale if name in self.curriculum_terms else weight) * value
             reward += weighted
             term_means[name] = float(weighted.mean())
         for column, name in enumerate(self.tracked_terms):
@@ -159,6 +166,9 @@ class Task(ABC):
             tracked = self.tracked_sums[ids] / np.maximum(self.episode_step[ids], 1)[:, None]
             info["episode_metrics"] = {**{name: tracked[:, column] for column, name in enumerate(self.tracked_terms)},
                                        **self._episode_metrics(ids)}
+            if self.curriculum is not None:  # the scale the episode ended at, logged as episode/penalty_scale
+                info["episode_metrics"]["penalty_scale"] = np.full(len(ids), penalty_scale)
+                self.curriculum.episodes_ended(self.episode_step[ids])
             self._reset(ids)
             for group, values in self._observe(ids).items():
                 obs[group][ids] = values
@@ -171,7 +181,7 @@ class Task(ABC):
         if self._obs is None:
             raise RuntimeError("call reset() before state_dict()")
         return {
-            "arrays": {name: self._resolve(name).copy() for name in self.state_arrays},
+            "arrays": {name: self._resolve(name).copy() for name in self._state_names()},
             "obs": {group: values.copy() for group, values in self._obs.items()},
             "rng": self.rng.bit_generator.state,
             "sim": self.sim.get_state(),
@@ -185,6 +195,9 @@ class Task(ABC):
         self.sim.set_state(state["sim"])
         self._obs = {group: values.copy() for group, values in state["obs"].items()}
         return self._obs
+
+    def _state_names(self) -> tuple[str, ...]:
+        return self.state_arrays + (("curriculum.scale", "curriculum.mean_length") if self.curriculum else ())
 
     def _resolve(self, dotted: str) -> np.ndarray:
         owner = self

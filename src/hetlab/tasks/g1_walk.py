@@ -7,6 +7,13 @@ commands resampled every 10 s, a gait clock the feet are rewarded for following,
 pushes every 5–10 s. An episode ends when the torso turns over, the feet collide, or (only the
 feet touch the ground, so a fallen robot would sink through it) the pelvis drops below 0.3 m.
 
+Two departures, from Holosoma's G1 locomotion recipe, because with Playground's terms alone PPO
+did not learn to stand in 8 M env steps (docs/benchmarks.md#time-to-solve): an `alive` term pays
+each step the robot stays up, and a penalty curriculum (curriculum.py) weighs every penalty but
+the fall's at a tenth, then less, while episodes stay short, and raises them to their full weight
+once most episodes reach the time limit. `penalty_curriculum=None` gives Playground's reward
+(and its `alive` weight is then 0, as Playground's).
+
 The policy sees noisy proprioception from the pelvis IMU and joints, the command, its last
 action and the gait clock (103 values, as Playground); the critic sees those exactly, with the
 accelerometer, world angular velocity, pelvis height, actuator forces, foot contact, velocities
@@ -24,6 +31,7 @@ from hetlab.assets import scene_xml
 from hetlab.tasks.base import Index, Obs, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.criteria import WALKS_ON_COMMAND
+from hetlab.tasks.curriculum import PenaltyCurriculum, PenaltyCurriculumConfig
 from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
@@ -53,6 +61,8 @@ class G1WalkConfig(TaskConfig):
     push_interval: tuple[float, float] = (5.0, 10.0)  # s between pushes, drawn per episode
     push_speed: tuple[float, float] = (0.1, 2.0)  # m/s added to the pelvis's planar velocity
     gait_frequency: tuple[float, float] = (1.25, 1.5)  # Hz of the gait clock, drawn per episode
+    # None: Playground's reward, every penalty at its full weight and no alive bonus
+    penalty_curriculum: PenaltyCurriculumConfig | None = field(default_factory=PenaltyCurriculumConfig)
 
 
 class G1WalkFlat(Task):
@@ -85,7 +95,9 @@ class G1WalkFlat(Task):
         "joint_deviation_hip": -0.25,
         "dof_pos_limits": -1.0,
         "pose": -0.1,
+        "alive": 1.0,  # Holosoma's weight; with the penalty curriculum only
     }
+    curriculum_terms = tuple(name for name, weight in reward_weights.items() if weight < 0 and name != "termination")
 
     @classmethod
     def check_assets(cls, cfg: G1WalkConfig) -> None:
@@ -122,6 +134,8 @@ class G1WalkFlat(Task):
             self.randomiser.apply(np.arange(n))
         self._nominal_params = np.tile(np.float32([FLOOR_FRICTION, 1.0, 1.0]), (n, 1))
         self._targets = np.tile(DEFAULT_POSE, (n, 1))
+        if cfg.penalty_curriculum is not None:
+            self.curriculum = PenaltyCurriculum(cfg.penalty_curriculum, self.max_episode_steps)
 
     # -- dynamics ---------------------------------------------------------------------------
 
@@ -181,6 +195,7 @@ class G1WalkFlat(Task):
             "joint_deviation_hip": (np.abs(deviation[:, HIP_ROLL_YAW]) * hip_weights).sum(axis=1),
             "dof_pos_limits": joint_limit_violation(self._joint_pos, self.joints.soft_low, self.joints.soft_high),
             "pose": squared_norm(deviation),
+            "alive": np.full(self.num_envs, 1.0 if self.curriculum is not None else 0.0),
         }
 
     def _observe(self, ids: Index) -> Obs:
