@@ -7,7 +7,9 @@ weighted sum of named terms, and separate `terminated` (a real end) and `truncat
 in `info["final_obs"]` so a learner can bootstrap from it on time-outs. Every call returns
 fresh arrays: keeping last step's observations needs no copy.
 
-Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observe`; optional
+A task declares its observation groups as named terms (`observations`, see observations.py: the
+sizes and the policy's noise follow from it) and computes them in `_observation_terms`.
+Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observation_terms`; optional
 hooks are `_update_state` (derive this step's quantities from physics, before rewards),
 `_timed_out` (an episode's end by time, when that is more than the step count, e.g. a clip's end),
 `_advance` (move per-env schedules on to the next step, after rewards), `_reset_envs`
@@ -31,6 +33,7 @@ import numpy as np
 from hetlab.sim.contract import BatchSim
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.curriculum import PenaltyCurriculum
+from hetlab.tasks.observations import Observations
 
 Obs = dict[str, np.ndarray]
 Index = slice | np.ndarray  # all envs (slice(None)) or an array of env ids
@@ -58,7 +61,8 @@ class Task(ABC):
     control_dt: ClassVar[float]  # seconds per env step
     episode_seconds: ClassVar[float]
     keyframe: ClassVar[str | None] = None  # the state envs reset to
-    obs_sizes: dict[str, int]  # per observation group
+    observations: ClassVar[Observations]  # the policy's terms and the critic's privileged ones
+    obs_sizes: ClassVar[dict[str, int]]  # per observation group, from `observations`
     action_size: int
     reward_weights: dict[str, float]
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
@@ -70,6 +74,12 @@ class Task(ABC):
     # Per-env arrays that, with the sim's state and the generator, make up the task's state;
     # subclasses extend the tuple with their own (dotted names reach into members).
     state_arrays: ClassVar[tuple[str, ...]] = ("episode_step", "episode_return", "last_actions", "tracked_sums")
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "observations" in cls.__dict__:
+            cls.obs_sizes = cls.observations.sizes
+            cls._policy_noise = cls.observations.policy_noise
 
     @classmethod
     @abstractmethod
@@ -216,6 +226,13 @@ class Task(ABC):
         self._reset_envs(ids)
         self.sim.forward(ids)  # sensors and body poses of the new start states
 
+    def _observe(self, ids: Index) -> Obs:
+        """Observation groups for the envs `ids`, float32: the critic's exact, the policy's its first
+        columns with noise."""
+        envs = self.num_envs if isinstance(ids, slice) else len(ids)
+        critic = self.observations.critic(self._observation_terms(ids), envs)
+        return {"policy": self._add_noise(critic[:, :self.obs_sizes["policy"]], self._policy_noise), "critic": critic}
+
     def _add_noise(self, exact: np.ndarray, scales: np.ndarray | float) -> np.ndarray:
         """A noisy copy of `exact`: uniform ±`scales` per column, times the config's level."""
         if self.cfg.obs_noise == 0.0:
@@ -245,8 +262,8 @@ class Task(ABC):
         """(num_envs,) bool: the episode ended for a reason other than time."""
 
     @abstractmethod
-    def _observe(self, ids: Index) -> Obs:
-        """Observation groups for the envs `ids`, float32."""
+    def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
+        """Each term of `observations` for the envs `ids`: (envs, its size)."""
 
     def _timed_out(self) -> np.ndarray:
         """(num_envs,) bool: the episode ran out of time (a truncation, not a failure)."""

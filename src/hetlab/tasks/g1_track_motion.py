@@ -25,10 +25,11 @@ import mujoco
 import numpy as np
 
 from hetlab.assets import motion_clip_path, scene_xml
-from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.g1 import DEFAULT_POSE, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.motion_clip import load_motion_clip, read_motion_clip
+from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import (
     projected_gravity,
@@ -54,10 +55,6 @@ MAX_ANCHOR_TILT_ERROR = 0.8  # difference of the gravity direction's z in the an
 MAX_END_EFFECTOR_HEIGHT_ERROR = 0.25  # m
 MIN_FRAMES_LEFT = 50  # an episode starts at least this many control steps before the clip ends
 SELF_CONTACTS = ("right_foot_left_foot_found", "left_hand_left_thigh_found", "right_hand_right_thigh_found")
-# Policy observation noise (uniform ±), BeyondMimic's: none on the reference, anchor orientation,
-# gyro, joint positions, joint velocities, none on the last action.
-POLICY_NOISE = np.concatenate([np.zeros(58), np.full(6, 0.05), np.full(3, 0.2), np.full(29, 0.01),
-                               np.full(29, 0.5), np.zeros(29)])
 
 
 @dataclass(frozen=True)
@@ -76,7 +73,15 @@ class G1TrackMotion(Task):
     control_dt = 0.02
     episode_seconds = 10.0
     keyframe = "knees_bent"
-    obs_sizes = {"policy": 154, "critic": 154 + 3 + 9 * len(BODIES) + 3}
+    # BeyondMimic's, with its noise (uniform ±) on the policy's copy. The anchor's orientation error and
+    # the bodies' orientations are the first two rows of their rotation matrices.
+    observations = Observations(
+        policy=(ObsTerm("reference_joint_pos", 29), ObsTerm("reference_joint_vel", 29),
+                ObsTerm("anchor_ori_error", 6, noise=0.05), ObsTerm("gyro", 3, noise=0.2),
+                ObsTerm("joint_pos", 29, noise=0.01), ObsTerm("joint_vel", 29, noise=0.5), ObsTerm("last_action", 29)),
+        privileged=(ObsTerm("anchor_pos_error", 3), ObsTerm("body_pos", 3 * len(BODIES)),
+                    ObsTerm("body_ori", 6 * len(BODIES)), ObsTerm("pelvis_linvel", 3)),
+    )
     action_size = 29
     reward_scale = control_dt
     # Follows the clip: ≥ 90 % of episodes reach its end upright, its bodies within 10 cm on average.
@@ -206,7 +211,7 @@ class G1TrackMotion(Task):
             "self_collision": sum((found[:, 0] > 0).astype(np.float64) for found in self._self_contacts),
         }
 
-    def _observe(self, ids: Index) -> Obs:
+    def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]
         frame = self.frame[ids]
         robot_pos = np.stack([pos[ids] for pos, _ in self._poses], axis=1)
@@ -219,14 +224,14 @@ class G1TrackMotion(Task):
         body_pos = rotate_inverse(np.repeat(anchor_quat, b, axis=0),
                                   (robot_pos - anchor_pos[:, None]).reshape(-1, 3)).reshape(n, -1)
         body_ori = quat_matrix_rows(quat_multiply(to_anchor, robot_quat.reshape(-1, 4)), slice(0, 2)).reshape(n, -1)
-        critic = np.concatenate([
-            self.clip.qpos[frame, 7:], self.clip.qvel[frame, 6:],
-            quat_matrix_rows(quat_multiply(quat_conjugate(anchor_quat), ref_anchor_quat), slice(0, 2)),
-            self._gyro[ids], qpos[:, self.joints.qpos] - DEFAULT_POSE, qvel[:, self.joints.qvel], self.last_actions[ids],
-            rotate_inverse(anchor_quat, ref_anchor_pos - anchor_pos), body_pos, body_ori, self._pelvis_linvel[ids],
-        ], axis=1).astype(np.float32)
-        # The critic's first 154 columns are the policy's observation without noise.
-        return {"policy": self._add_noise(critic[:, :154], POLICY_NOISE), "critic": critic}
+        return {
+            "reference_joint_pos": self.clip.qpos[frame, 7:], "reference_joint_vel": self.clip.qvel[frame, 6:],
+            "anchor_ori_error": quat_matrix_rows(quat_multiply(quat_conjugate(anchor_quat), ref_anchor_quat), slice(0, 2)),
+            "gyro": self._gyro[ids], "joint_pos": qpos[:, self.joints.qpos] - DEFAULT_POSE,
+            "joint_vel": qvel[:, self.joints.qvel], "last_action": self.last_actions[ids],
+            "anchor_pos_error": rotate_inverse(anchor_quat, ref_anchor_pos - anchor_pos), "body_pos": body_pos,
+            "body_ori": body_ori, "pelvis_linvel": self._pelvis_linvel[ids],
+        }
 
     # -- episodes ---------------------------------------------------------------------------
 

@@ -28,11 +28,12 @@ import mujoco
 import numpy as np
 
 from hetlab.assets import scene_xml
-from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.curriculum import PenaltyCurriculum, PenaltyCurriculumConfig
 from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
+from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
 from hetlab.tasks.terms import FeetState, joint_limit_violation, squared_norm, stand_still, velocity_tracking
@@ -45,10 +46,6 @@ AIR_TIME_MIN, AIR_TIME_MAX = 0.2, 0.5  # s; swings shorter earn nothing, longer 
 MAX_FOOT_FORCE = 500.0  # N; vertical foot force past this is penalised
 UPRIGHT_TORSO = np.array([0.073, 0.0, 1.0])  # the torso's z axis standing in the default pose
 MIN_PELVIS_HEIGHT = 0.3  # m
-# Policy observation noise (uniform ±), Playground's: pelvis linear velocity, gyro, gravity, none on
-# the command, joint positions, joint velocities, none on the last action and the gait clock.
-POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.zeros(3),
-                               np.full(29, 0.03), np.full(29, 1.5), np.zeros(29 + 4)])
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,15 @@ class G1WalkFlat(Task):
     control_dt = 0.02
     episode_seconds = 20.0
     keyframe = "knees_bent"
-    obs_sizes = {"policy": 103, "critic": 152}
+    # Playground's, with its noise (uniform ±) on the policy's copy.
+    observations = Observations(
+        policy=(ObsTerm("linvel", 3, noise=0.1), ObsTerm("gyro", 3, noise=0.2), ObsTerm("gravity", 3, noise=0.05),
+                ObsTerm("command", 3), ObsTerm("joint_pos", 29, noise=0.03), ObsTerm("joint_vel", 29, noise=1.5),
+                ObsTerm("last_action", 29), ObsTerm("gait_cos", 2), ObsTerm("gait_sin", 2)),
+        privileged=(ObsTerm("accelerometer", 3), ObsTerm("world_angvel", 3), ObsTerm("pelvis_height", 1),
+                    ObsTerm("actuator_forces", 29), ObsTerm("feet_contact", 2), ObsTerm("feet_linvel", 6),
+                    ObsTerm("feet_air_time", 2), ObsTerm("physics_params", 3)),  # friction, mass and gain scales
+    )
     action_size = 29
     reward_scale = control_dt
     # Walks on command: stays up for the whole episode and tracks the commanded velocities.
@@ -198,23 +203,22 @@ class G1WalkFlat(Task):
             "alive": np.full(self.num_envs, 1.0 if self.curriculum is not None else 0.0),
         }
 
-    def _observe(self, ids: Index) -> Obs:
+    def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         pelvis = {name: values[ids] for name, values in self._pelvis.items()}
         qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]
         phase = self.phase[ids]
-        critic = np.concatenate([
-            pelvis["local_linvel"], pelvis["gyro"], projected_gravity(pelvis["orientation"]), self.commands.values[ids],
-            qpos[:, self.joints.qpos] - DEFAULT_POSE, qvel[:, self.joints.qvel], self.last_actions[ids],
-            np.cos(phase), np.sin(phase),
-            pelvis["accelerometer"], pelvis["global_angvel"], qpos[:, 2:3],
-            *[force[ids] for force in self._forces],
-            np.stack([found[ids, 0] > 0 for found in self._floor_contact], axis=1),
-            *[vel[ids] for vel in self._feet_vel],
-            self.feet.air_time[ids],
-            self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
-        ], axis=1).astype(np.float32)
-        # The critic's first 103 columns are the policy's observation without noise.
-        return {"policy": self._add_noise(critic[:, :103], POLICY_NOISE), "critic": critic}
+        return {
+            "linvel": pelvis["local_linvel"], "gyro": pelvis["gyro"], "gravity": projected_gravity(pelvis["orientation"]),
+            "command": self.commands.values[ids], "joint_pos": qpos[:, self.joints.qpos] - DEFAULT_POSE,
+            "joint_vel": qvel[:, self.joints.qvel], "last_action": self.last_actions[ids],
+            "gait_cos": np.cos(phase), "gait_sin": np.sin(phase),
+            "accelerometer": pelvis["accelerometer"], "world_angvel": pelvis["global_angvel"],
+            "pelvis_height": qpos[:, 2:3], "actuator_forces": np.concatenate([force[ids] for force in self._forces], axis=1),
+            "feet_contact": np.stack([found[ids, 0] > 0 for found in self._floor_contact], axis=1),
+            "feet_linvel": np.concatenate([vel[ids] for vel in self._feet_vel], axis=1),
+            "feet_air_time": self.feet.air_time[ids],
+            "physics_params": self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
+        }
 
     # -- resets -----------------------------------------------------------------------------
 

@@ -18,9 +18,10 @@ import mujoco
 import numpy as np
 
 from hetlab.assets import robot_xml
-from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.criteria import WALKS_ON_COMMAND
+from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
 from hetlab.tasks.terms import (FeetState, feet_clearance, joint_limit_violation, mechanical_power, pose_similarity,
@@ -45,9 +46,6 @@ TRACKING_SIGMA = 0.25
 POSE_WEIGHTS = np.tile([1.0, 1.0, 0.1], 4)
 MIN_TRUNK_HEIGHT = 0.15  # m; lower counts as a fall
 FLOOR_FRICTION = 0.6  # nominal; the floor's priority makes its friction the contact's
-# Policy observation noise (uniform ±), as in Playground: linear velocity, gyro, gravity,
-# joint positions, joint velocities; none on the last action and the command.
-POLICY_NOISE = np.concatenate([np.full(3, 0.1), np.full(3, 0.2), np.full(3, 0.05), np.full(12, 0.03), np.full(12, 1.5), np.zeros(15)])
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,14 @@ class Go1JoystickFlat(Task):
     control_dt = 0.02
     episode_seconds = 20.0
     keyframe = "home"
-    obs_sizes = {"policy": 48, "critic": 64}
+    # Playground's, with its noise (uniform ±) on the policy's copy.
+    observations = Observations(
+        policy=(ObsTerm("linvel", 3, noise=0.1), ObsTerm("gyro", 3, noise=0.2), ObsTerm("gravity", 3, noise=0.05),
+                ObsTerm("joint_pos", 12, noise=0.03), ObsTerm("joint_vel", 12, noise=1.5), ObsTerm("last_action", 12),
+                ObsTerm("command", 3)),
+        privileged=(ObsTerm("trunk_height", 1), ObsTerm("feet_last_contact", 4), ObsTerm("feet_air_time", 4),
+                    ObsTerm("feet_height", 4), ObsTerm("physics_params", 3)),  # friction, mass and gain scales
+    )
     action_size = 12
     reward_scale = control_dt
     reward_floor = 0.0  # as Playground: a step never scores below zero, so falling early never pays
@@ -222,26 +227,19 @@ class Go1JoystickFlat(Task):
             "feet_air_time": self.feet.air_time_reward(AIR_TIME_TARGET, cmd_norm > 0.05),
         }
 
-    def _observe(self, ids: Index) -> Obs:
+    def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         if isinstance(ids, slice) and self._step_proprio is not None:
             proprio, self._step_proprio = self._step_proprio, None  # this step's, used once
         else:
             proprio = self._proprio(ids)
         linvel, gyro, gravity, joint_pos, joint_vel = proprio
-        n = len(linvel)
-        critic = np.empty((n, self.obs_sizes["critic"]), np.float32)
-        columns = (
-            linvel, gyro, gravity, joint_pos - DEFAULT_POSE, joint_vel, self.last_actions[ids], self.commands.values[ids],
-            self.sim.qpos[ids, 2:3], self.feet.last_contact[ids], self.feet.air_time[ids],
-            np.stack([p[ids, 2] for p in self._feet_pos], axis=1),
-            self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
-        )
-        start = 0
-        for column in columns:
-            critic[:, start : start + column.shape[1]] = column
-            start += column.shape[1]
-        # The critic's first 48 columns are the policy's observation without noise.
-        return {"policy": self._add_noise(critic[:, :48], POLICY_NOISE), "critic": critic}
+        return {
+            "linvel": linvel, "gyro": gyro, "gravity": gravity, "joint_pos": joint_pos - DEFAULT_POSE,
+            "joint_vel": joint_vel, "last_action": self.last_actions[ids], "command": self.commands.values[ids],
+            "trunk_height": self.sim.qpos[ids, 2:3], "feet_last_contact": self.feet.last_contact[ids],
+            "feet_air_time": self.feet.air_time[ids], "feet_height": np.stack([p[ids, 2] for p in self._feet_pos], axis=1),
+            "physics_params": self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
+        }
 
     # -- resets -----------------------------------------------------------------------------
 

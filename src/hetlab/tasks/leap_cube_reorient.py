@@ -23,8 +23,9 @@ import mujoco
 import numpy as np
 
 from hetlab.assets import scene_xml
-from hetlab.tasks.base import Index, Obs, Task, TaskConfig
+from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
+from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import quat_angle, quat_conjugate, quat_matrix_rows, quat_multiply, random_quat
 from hetlab.tasks.terms import linear_tolerance, mechanical_power, squared_norm
@@ -47,11 +48,6 @@ DROP_HEIGHT = -0.05  # m; the cube below this has fallen
 SUCCESS_ANGLE = 0.1  # rad between cube and goal that counts as reached
 SUCCESS_BONUS = 100.0  # per goal reached
 FINGERTIPS = ("th", "if", "mf", "rf")
-# Policy observation noise (uniform ±) with Playground's scales: joint angles and their error to
-# the targets, the cube's offset from the palm, its orientation error (Playground perturbs the
-# quaternion; here the six matrix entries, so the noise stays proportional to `obs_noise`); none on
-# the last action.
-POLICY_NOISE = np.concatenate([np.full(32, 0.05), np.full(3, 0.02), np.full(6, 0.1), np.zeros(16)])
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,16 @@ class LeapCubeReorient(Task):
     control_dt = 0.05
     episode_seconds = 50.0
     keyframe = "home"
-    obs_sizes = {"policy": 57, "critic": 94}
+    # With Playground's noise scales (uniform ±) on the policy's copy. Playground perturbs the cube's
+    # orientation-error quaternion; here its six matrix entries carry the noise, so it stays
+    # proportional to `obs_noise`.
+    observations = Observations(
+        policy=(ObsTerm("joint_pos", 16, noise=0.05), ObsTerm("joint_target_error", 16, noise=0.05),
+                ObsTerm("cube_offset", 3, noise=0.02), ObsTerm("cube_ori_error", 6, noise=0.1),
+                ObsTerm("last_action", 16)),
+        privileged=(ObsTerm("joint_vel", 16), ObsTerm("fingertip_pos", 3 * len(FINGERTIPS)), ObsTerm("cube_linvel", 3),
+                    ObsTerm("cube_angvel", 3), ObsTerm("physics_params", 3)),  # friction, mass and gain scales
+    )
     action_size = 16
     reward_scale = control_dt
     solved = (Criterion("goals", 1.0),)  # at least one goal orientation reached per episode, on average
@@ -163,26 +168,17 @@ class LeapCubeReorient(Task):
             "success": self._reached.astype(np.float64),
         }
 
-    def _observe(self, ids: Index) -> Obs:
+    def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         joints, cube_pos = self.sim.qpos[ids, self._hand], self._cube_pos[ids]
         orientation_error = quat_multiply(self._cube_quat[ids], quat_conjugate(self._goal_quat[ids]))
-        exact = np.concatenate([
-            joints,
-            joints - self.sim.ctrl[ids],
-            self._palm[ids] - cube_pos,
-            quat_matrix_rows(orientation_error, slice(1, None)),
-            self.last_actions[ids],
-        ], axis=1)
-        critic = np.concatenate([
-            exact,
-            self.sim.qvel[ids, self._hand],
-            *[tip[ids] for tip in self._tips],
-            self._cube_linvel[ids],
-            self._cube_angvel[ids],
-            self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
-        ], axis=1).astype(np.float32)
-        # The critic's first 57 columns are the policy's observation without noise.
-        return {"policy": self._add_noise(critic[:, :57], POLICY_NOISE), "critic": critic}
+        return {
+            "joint_pos": joints, "joint_target_error": joints - self.sim.ctrl[ids], "cube_offset": self._palm[ids] - cube_pos,
+            "cube_ori_error": quat_matrix_rows(orientation_error, slice(1, None)), "last_action": self.last_actions[ids],
+            "joint_vel": self.sim.qvel[ids, self._hand],
+            "fingertip_pos": np.concatenate([tip[ids] for tip in self._tips], axis=1),
+            "cube_linvel": self._cube_linvel[ids], "cube_angvel": self._cube_angvel[ids],
+            "physics_params": self._nominal_params[ids] if self.randomiser is None else self.randomiser.params[ids],
+        }
 
     def _episode_metrics(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         return {"goals": self.goals[ids].astype(np.float64)}
