@@ -18,7 +18,8 @@ import torch
 
 import hetlab.imitation.phase_a as phase_a
 from hetlab.dir_lock import exclusive_writer
-from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PhaseAConfig
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b
 
 

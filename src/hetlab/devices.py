@@ -95,6 +95,12 @@ def mixed_precision(device: torch.device, enabled: bool) -> contextlib.AbstractC
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
+def autocast_for(device: LearnerDevice, precision: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast where `precision` asks for it: "bf16", or "auto" on an accelerator with native bf16."""
+    bf16 = precision == "bf16" or (precision == "auto" and device.is_accelerator and device.bf16)
+    return mixed_precision(torch.device(device.torch_device), bf16)
+
+
 def cpu_count() -> int:
     """Cores this process may run on (respects taskset/cgroup affinity)."""
     try:

@@ -12,8 +12,9 @@ import torch
 
 from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, eval_env, evaluate
 from hetlab.measure.stats import wilson_interval
-from hetlab.imitation import phase_a
-from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PRESETS, PhaseAConfig
+from hetlab.imitation.run_files import read_run_config
 from hetlab.cli import main
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
 from hetlab.errors import UserError
@@ -152,8 +153,8 @@ def test_parallel_decoding_needs_a_run_trained_with_every_history_input_maskable
                                         r"training \(max_history_mask 0.5\); use --decode autoregressive"):
         evaluate(EvalConfig(run=run, seeds="2000", decode="parallel", out=tmp_path / "refused"))
     assert not (tmp_path / "refused").exists()
-    tiny = phase_a.PRESETS["tiny"]
-    monkeypatch.setitem(phase_a.PRESETS, "tiny",
+    tiny = PRESETS["tiny"]
+    monkeypatch.setitem(PRESETS, "tiny",
                         dataclasses.replace(tiny, model=dataclasses.replace(tiny.model, max_history_mask=1.0)))
     maskable = train_phase_a(PhaseAConfig(dataset=tiny_aloha_dataset, preset="tiny", train_episodes="0-1", steps=2,
                                           loader_workers=0, runs_dir=tmp_path / "runs"))

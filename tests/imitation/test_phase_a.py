@@ -16,7 +16,11 @@ import pytest
 import torch
 
 import hetlab.imitation.phase_a as phase_a
-from hetlab.imitation.phase_a import PRESETS, PhaseAConfig, batch_indices, load_policy, load_weights, train_phase_a
+from hetlab.imitation.data import batch_indices, random_shift
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PRESETS, PhaseAConfig
+from hetlab.imitation.run_files import RUN_KIND, load_policy, load_weights
+from hetlab.imitation.schedule import learning_rate
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
 from hetlab.errors import UserError
@@ -54,7 +58,7 @@ def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path, figure
     # Measured on this recording: loss 0.715 (steps 1–10) → 0.134 at step 100 → 0.101 at 120.
     steps = 120
     run = tiny_run(tiny_aloha_dataset, tmp_path, steps, loader_workers=1)
-    assert run.parent == tmp_path / phase_a.RUN_KIND
+    assert run.parent == tmp_path / RUN_KIND
     history = read_history(run)
     assert [row["step"] for row in history] == list(range(TINY.log_every, steps + 1, TINY.log_every))
     assert history[0]["loss"] >= 5 * history[-1]["loss"], [round(row["loss"], 3) for row in history]
@@ -66,7 +70,7 @@ def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path, figure
     assert list((run / "tensorboard").iterdir())
 
     config = json.loads((run / "config.json").read_text())
-    assert config["kind"] == phase_a.RUN_KIND and config["image_size"] == [TINY.height, TINY.width]
+    assert config["kind"] == RUN_KIND and config["image_size"] == [TINY.height, TINY.width]
     assert config["render_quality"] == "fast"  # the recording's, which evaluation renders at
     assert config["phase_a"]["steps"] == steps
     model, loaded_config = load_policy(run)
@@ -86,7 +90,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     # With dropout and shifted images (the tiny preset has neither), so their per-step seeding is
     # checked too, beside the batch order, the history masks and the optimizer state.
     with_dropout = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, dropout=0.1), image_shift=3)
-    monkeypatch.setitem(phase_a.PRESETS, "tiny", with_dropout)
+    monkeypatch.setitem(PRESETS, "tiny", with_dropout)
     n = 6
     straight = tiny_run(tiny_aloha_dataset, tmp_path / "a", 2 * n)
     interrupted = tiny_run(tiny_aloha_dataset, tmp_path / "b", n)
@@ -107,7 +111,7 @@ def test_resumed_run_is_bit_identical_to_an_uninterrupted_one(tiny_aloha_dataset
     assert (summary["steps"], summary["session_steps"]) == (2 * n, n)
 
     # Checkpoints every 2 steps, every one kept when asked (to evaluate along the way).
-    monkeypatch.setitem(phase_a.PRESETS, "tiny", dataclasses.replace(with_dropout, checkpoint_every=2))
+    monkeypatch.setitem(PRESETS, "tiny", dataclasses.replace(with_dropout, checkpoint_every=2))
     train_phase_a(PhaseAConfig(resume=resumed, steps=2 * n + 4, keep_checkpoints=0))
     assert [p.name for p in sorted((resumed / "checkpoints").iterdir())][-3:] == \
         [f"{2 * n:07d}", f"{2 * n + 2:07d}", f"{2 * n + 4:07d}"]
@@ -134,10 +138,10 @@ def test_a_run_from_before_history_json_resumes_and_keeps_its_rows(tiny_aloha_da
 
 
 def test_the_learning_rate_falls_over_the_last_share_of_the_steps(tiny_aloha_dataset, tmp_path):
-    rates = [phase_a.learning_rate(step, 1e-3, 0.25, 100) for step in range(100)]
+    rates = [learning_rate(step, 1e-3, 0.25, 100) for step in range(100)]
     assert rates[:75] == [1e-3] * 75 and rates[75] == 1e-3
     assert all(a > b > 0 for a, b in zip(rates[75:], rates[76:])) and rates[-1] == pytest.approx(1e-3 / 25)
-    assert phase_a.learning_rate(99, 1e-3, 0.0, 100) == 1e-3
+    assert learning_rate(99, 1e-3, 0.0, 100) == 1e-3
 
     run = tiny_run(tiny_aloha_dataset, tmp_path, 20, lr=1e-3, lr_decay=0.5, image_shift=2)
     logged = {row["step"]: row["lr"] for row in read_history(run)}  # the rate of the step that ended the row
@@ -148,10 +152,10 @@ def test_the_learning_rate_falls_over_the_last_share_of_the_steps(tiny_aloha_dat
 
 def test_shifted_images_are_the_originals_moved_with_their_edges_repeated():
     images = torch.rand(16, 3, 12, 20)
-    shifted = phase_a.random_shift(images, 3, torch.Generator().manual_seed(0))
+    shifted = random_shift(images, 3, torch.Generator().manual_seed(0))
     assert shifted.shape == images.shape
-    assert torch.equal(shifted, phase_a.random_shift(images, 3, torch.Generator().manual_seed(0)))
-    assert torch.equal(phase_a.random_shift(images, 0, torch.Generator()), images)
+    assert torch.equal(shifted, random_shift(images, 3, torch.Generator().manual_seed(0)))
+    assert torch.equal(random_shift(images, 0, torch.Generator()), images)
     moved = 0
     for original, image in zip(images, shifted):
         # Some offset (dy, dx) in ±3 maps the original's inside onto the shifted image's.
@@ -272,7 +276,7 @@ def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_pa
     result = hetlab("aloha", "train", "--dataset", str(tiny_aloha_dataset), "--preset", "tiny", "--steps", "2",
                     "--train-episodes", "0-1", "--runs-dir", str(tmp_path / "runs"), "--loader-workers", "0")
     assert result.returncode == 0, result.stderr
-    [run] = (tmp_path / "runs" / phase_a.RUN_KIND).iterdir()
+    [run] = (tmp_path / "runs" / RUN_KIND).iterdir()
     assert result.stdout.splitlines()[0] == str(run)
     assert "step 2, loss" in result.stdout
     assert load_checkpoint(run)["step"] == 2

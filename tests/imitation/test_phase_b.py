@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetlab.imitation.phase_a import PhaseAConfig, batch_indices, open_dataset, run_render_quality, train_phase_a
+from hetlab.imitation.data import batch_indices, open_dataset
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PhaseAConfig
+from hetlab.imitation.run_files import run_render_quality
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from hetlab.aloha.record import RecordConfig, record
 from hetlab.imitation.evaluate import ChunkPolicy, eval_env, load_eval_policy, run_episode
-from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PhaseAConfig
+from hetlab.imitation.run_files import read_run_config
 
 JUDGED_STEPS = (700, 800, 900, 1000)
 

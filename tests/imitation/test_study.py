@@ -10,7 +10,9 @@ import shutil
 
 import pytest
 
-from hetlab.imitation.phase_a import PhaseAConfig, read_run_config, train_phase_a
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PhaseAConfig
+from hetlab.imitation.run_files import read_run_config
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.imitation.phase_b import train_phase_b

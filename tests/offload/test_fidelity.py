@@ -11,7 +11,8 @@ import pytest
 
 import hetlab.imitation.phase_a as phase_a
 from hetlab.aloha.record import RecordConfig, record
-from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+from hetlab.imitation.phase_a import train_phase_a
+from hetlab.imitation.presets import PhaseAConfig
 from hetlab.datasets.lerobot import LeRobotDataset
 from hetlab.errors import UserError
 from hetlab.cpu_isa import CpuFeatures, int8_kernels

@@ -70,7 +70,7 @@ def aloha_params(cfg: Annotated[AlohaParamsConfig, tyro.conf.arg(name="")] = Alo
     """Parameter counts of the AR-Actor split as the study's Table I: backbone, projection, encoder, action expert."""
     from rich.table import Table
 
-    from hetlab.imitation.phase_a import PRESETS
+    from hetlab.imitation.presets import PRESETS
     from hetlab.policies.ar_actor import ARActor, encoder_grid, parameter_split
 
     preset = PRESETS[cfg.preset]
@@ -188,7 +188,8 @@ def _loss_line(run_dir: Path, steps: int, first_loss: float | None, last_loss: f
 def aloha_train(cfg: Annotated[AlohaTrainConfig, tyro.conf.arg(name="")]) -> None:
     """Train the AR-Actor: --phase A (whole policy on a dataset) or --phase B (new action expert on a frozen Phase-A encoder)."""
     if cfg.phase == "A":
-        from hetlab.imitation.phase_a import PhaseAConfig, train_phase_a
+        from hetlab.imitation.phase_a import train_phase_a
+        from hetlab.imitation.presets import PhaseAConfig
         from hetlab.run_history import read_history
 
         run_dir = train_phase_a(cfg.phase_config(PhaseAConfig))

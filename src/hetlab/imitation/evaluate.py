@@ -27,7 +27,7 @@ from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.imitation.config import Decode, EvalConfig
-from hetlab.imitation.phase_a import load_policy, read_run_config, run_render_quality
+from hetlab.imitation.run_files import load_policy, read_run_config, run_render_quality
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
 from hetlab.policies.ar_actor import ARActorConfig

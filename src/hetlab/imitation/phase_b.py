@@ -34,15 +34,15 @@ from typing import Literal
 import numpy as np
 import torch
 
-from hetlab.devices import OPTIMIZER_OPTIONS
-from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS
-from hetlab.imitation.phase_a import (RUN_KIND, autocast, batch_indices, check_schedule, config_from_json,
-                                  dropout_seed, learning_rate, load_run, load_weights, open_dataset,
-                                  read_run_config, run_render_quality, step_generator)
+from hetlab.imitation.config import CACHE_DTYPES
+from hetlab.imitation.data import batch_indices, dropout_seed, open_dataset, step_generator
+from hetlab.imitation.run_files import (RUN_KIND, config_from_json, load_run, load_weights, read_run_config,
+                                        run_render_quality)
+from hetlab.imitation.schedule import check_schedule, learning_rate
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
-from hetlab.devices import cpu_count, pick_device
+from hetlab.devices import OPTIMIZER_OPTIONS, autocast_for, cpu_count, pick_device
 from hetlab.errors import UserError
 from hetlab.figures import figures_wanted
 from hetlab.files import write_text_atomic
@@ -376,7 +376,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
                                                step_generator(cfg.seed, step)).to(torch_device)
                     target = expert.normalise(actions)
-                    with autocast(device, cfg.precision):
+                    with autocast_for(device, cfg.precision):
                         predicted = expert(layer_tokens, target, mask)
                     loss = chunk_l1(predicted.float(), target, is_pad)
                     optimizer.zero_grad(set_to_none=True)

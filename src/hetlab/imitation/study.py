@@ -37,8 +37,10 @@ from hetlab.errors import UserError
 from hetlab.imitation.config import CACHE_DTYPES, CONDITIONS, EvalConfig, StudyConfig
 from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_seeds
 from hetlab.datasets.lerobot import load_info
-from hetlab.imitation.phase_a import check_recording, check_schedule, load_policy, read_run_config, run_render_quality
+from hetlab.imitation.data import check_recording
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b, with_phase_a_schedule
+from hetlab.imitation.run_files import load_policy, read_run_config, run_render_quality
+from hetlab.imitation.schedule import check_schedule
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
 from hetlab.offload.fidelity import CALIBRATION_EPISODES, HELDOUT_EPISODES, Fidelity, check_held_out, fidelity

@@ -1,0 +1,80 @@
+"""An AR-Actor run's files (Phase A or B), read with one-line errors: its config.json, its options, the
+render quality of its images, its checkpoints and the weights they hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hetlab.checkpoint import load_checkpoint
+from hetlab.errors import UserError
+from hetlab.imitation.presets import PhaseAConfig
+from hetlab.policies.ar_actor import ARActor, ARActorConfig
+from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
+
+
+def read_run_config(run_dir: Path) -> dict:
+    """config.json of a Phase-A or Phase-B run, without loading its weights."""
+    config = read_config_json(run_dir, f"runs/{RUN_KIND}/<timestamp>")
+    if config.get("kind") != RUN_KIND:
+        kind = f"kind {config['kind']!r}" if "kind" in config else "a run of `hetlab train`"
+        raise UserError(f"{run_dir}: not an AR-Actor run ({kind}); pass runs/{RUN_KIND}/<timestamp>")
+    return config
+
+
+def read_phase_a_config(run_dir: Path, needs: str) -> dict:
+    """config.json of a Phase-A run; a Phase-B run is refused, naming the Phase-A run it came from.
+    `needs` says why, e.g. "--resume continues a Phase-A run"."""
+    config = read_run_config(run_dir)
+    phase = config.get("phase")
+    if phase == "B":
+        phase_b = config.get("phase_b")
+        source = phase_b.get("from_run") if isinstance(phase_b, dict) else None
+        raise UserError(f"{run_dir} is a Phase-B run (a new action expert on a frozen Phase-A encoder); {needs}: "
+                        f"pass {source or 'the Phase-A run'}, the one it came from")
+    if phase != "A":
+        raise UserError(f"{run_dir}: config.json names phase {phase!r}, not A; {needs}")
+    return config
+
+
+def run_render_quality(config: dict) -> str:
+    """The render quality a Phase-A or Phase-B run's images were made at ("high" before the setting)."""
+    return config.get("render_quality", "high")
+
+
+def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
+    """The options a Phase-A run's config.json records."""
+    paths = {"dataset", "imagenet_weights", "runs_dir", "resume"}
+    before_options = {"lr_decay": 0.0, "image_shift": 0}  # how runs from before these options trained
+    try:
+        options = before_options | config["phase_a"]
+        return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in options.items()})
+    except (KeyError, TypeError, AttributeError) as e:  # an edited file, or one another hetlab version wrote
+        raise UserError(f"{run_dir / 'config.json'} does not hold the Phase-A options this hetlab reads ({e!r}); "
+                        "restore it from a copy of the run, or start a new run") from e
+
+
+def load_run(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:
+    """(config.json, newest checkpoint or the one of `step`) of a Phase-A or Phase-B run."""
+    return read_run_config(run_dir), load_checkpoint(Path(run_dir), step)
+
+
+def load_policy(run_dir: Path, step: int | None = None) -> tuple[ARActor, dict]:
+    """A Phase-A run's trained AR-Actor (eval mode, CPU) at its newest checkpoint or `step`, and its config."""
+    config = read_phase_a_config(run_dir, "this reads a Phase-A run's whole model")
+    state = load_checkpoint(Path(run_dir), step)
+    model = ARActor(ARActorConfig(**config["model"]))
+    load_weights(model, state["model"], run_dir)
+    return model.eval(), config
+
+
+def load_weights(model: torch.nn.Module, weights: dict, source: Path) -> None:
+    """load_state_dict with a one-line error naming the first mismatch (e.g. another model size)."""
+    own = model.state_dict()
+    for key, value in own.items():
+        if key not in weights or weights[key].shape != value.shape:
+            found = tuple(weights[key].shape) if key in weights else "missing"
+            raise UserError(f"{source}: checkpoint does not fit this model: {key} is {found}, "
+                            f"the model has {tuple(value.shape)} (trained with another model size?)")
+    model.load_state_dict(weights)
