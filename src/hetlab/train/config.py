@@ -159,6 +159,10 @@ class TrainConfig:
         """The task's own options the run sets (each task refuses the ones it does not have)."""
         return {name: value for name, value in (("motion", self.motion), ("sim_dt", self.sim_dt)) if value}
 
+    def task_kwargs(self, num_envs: int, threads: int, seed: int, **overrides) -> dict[str, object]:
+        """`make_task`'s options for `num_envs` envs of the run's task: its backend and own options."""
+        return {"num_envs": num_envs, "sim": self.sim, "threads": threads, "seed": seed, **self.task_options, **overrides}
+
     @property
     def envs_per_collector(self) -> int:
         return self.envs // self.collectors
@@ -334,8 +338,7 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"--seed must be ≥ 0, got {cfg.seed}")
     if cfg.envs % cfg.collectors:
         raise UserError(f"--envs {cfg.envs} must split evenly over --collectors {cfg.collectors}")
-    make_config(cfg.task, num_envs=cfg.envs_per_collector, sim=cfg.sim, threads=cfg.threads, seed=cfg.seed,
-                **cfg.task_options)
+    make_config(cfg.task, **cfg.task_kwargs(cfg.envs_per_collector, cfg.threads, cfg.seed))
     if cfg.is_off_policy:
         _validate_off_policy(cfg)
         return

@@ -95,8 +95,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                 seed = cfg.seed * 1000 + index + 7919 * iteration
                 spec = TransitionCollectorSpec(
                     index=index, task=cfg.task,
-                    task_options={"num_envs": layout.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
-                                  "seed": seed, **cfg.task_options},
+                    task_options=cfg.task_kwargs(layout.envs_per_collector, physics_threads, seed),
                     torch_threads=physics_threads, seed=seed,
                     learning_starts=algo_cfg.learning_starts, updates_per_step=algo_cfg.updates_per_step,
                     lead=cfg.off_policy.lead, first_step=int(steps[index]), update_offset=update_offset,

@@ -64,8 +64,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
             for index in range(cfg.collectors):
                 spec = CollectorSpec(
                     index=index, task=cfg.task,
-                    task_options={"num_envs": cfg.envs_per_collector, "sim": cfg.sim, "threads": physics_threads,
-                                  "seed": cfg.seed * 1000 + index, **cfg.task_options},
+                    task_options=cfg.task_kwargs(cfg.envs_per_collector, physics_threads, cfg.seed * 1000 + index),
                     horizon=cfg.horizon, sync=sync, torch_threads=physics_threads,
                     seed=cfg.seed * 1000 + index, resume_state=collector_states[index],
                 )

@@ -167,7 +167,7 @@ class VideoRenderer:
 
         cfg = self.cfg
         self.actor.load_state_dict(job.actor_state)
-        task = make_task(cfg.task, num_envs=1, sim=cfg.sim, threads=1, seed=cfg.seed, obs_noise=0.0, **cfg.task_options)
+        task = make_task(cfg.task, **cfg.task_kwargs(1, 1, cfg.seed, obs_noise=0.0))
         stride = math.ceil(1 / task.dt / GIF_FPS)
         gif_size = (GIF_WIDTH, round(GIF_WIDTH * VIDEO_HEIGHT / VIDEO_WIDTH))
         gif_frames: list[Image.Image] = []
