@@ -109,7 +109,9 @@ def test_aloha_train_shows_each_phase_s_options_in_its_own_group(capsys, refusal
         parser = tyro.extras.get_parser(aloha_train, registry=OPTION_RULES)
     groups = {group.title: {action.option_strings[0] for action in group._group_actions}
               for group in parser._action_groups if group._group_actions}
-    assert list(groups) == ["options", "Phase A and B options", "Phase A options", "Phase B options", "quantise options"]
+    assert list(groups) == ["options", "Phase A and B options", "Phase A options", "Phase B options", "quantise options",
+                            "tracker options"]
+    assert groups["tracker options"] == {"--logger", "--run-name", "--tags", "--group"}
     assert groups["options"] == {"-h", "--phase"}
     assert {"--steps", "--lr", "--seed", "--batch", "--device", "--precision", "--resume"} <= groups["Phase A and B options"]
     assert {"--dataset", "--preset", "--keep-checkpoints", "--compile"} <= groups["Phase A options"]

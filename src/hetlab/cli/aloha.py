@@ -17,6 +17,7 @@ from hetlab.errors import UserError
 from hetlab.imitation.config import EvalConfig
 from hetlab.offload.config import QuantiseConfig
 from hetlab.seeds import parse_seeds
+from hetlab.train.loggers import TrackerOptions
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class AlohaTrainConfig:
     phase_a: Annotated[PhaseAOptions, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="Phase A")] = PhaseAOptions()
     phase_b: Annotated[PhaseBOptions, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="Phase B")] = PhaseBOptions()
     quantise: QuantiseConfig = QuantiseConfig()  # Phase B: how the offloaded prefix is quantised to INT8
+    tracker: Annotated[TrackerOptions, tyro.conf.OmitArgPrefixes, tyro.conf.arg(name="tracker")] = TrackerOptions()
 
     def phase_options(self, phase: str) -> dict:
         """{name: value} of the options only Phase `phase` has."""
@@ -172,7 +174,7 @@ class AlohaTrainConfig:
             if value != defaults[name]:
                 flag = {"from_run": "--from", "quantise": "--quantise.*"}.get(name, f"--{name.replace('_', '-')}")
                 raise UserError(f"{flag} is an option of Phase {other}; drop it or train --phase {other}")
-        options = {**_fields(self.both), **self.phase_options(self.phase)}
+        options = {**_fields(self.both), "tracker": self.tracker, **self.phase_options(self.phase)}
         return cls(**{name: value for name, value in options.items() if value is not None})
 
 

@@ -29,8 +29,8 @@ from hetlab.figures import figures_wanted
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.imitation.data import StepBatches, device_batch, dropout_seed, open_dataset, random_shift, step_generator
 from hetlab.imitation.presets import PhaseAConfig
-from hetlab.imitation.run_files import (RUN_KIND, config_from_json, load_weights, read_phase_a_config,
-                                        run_render_quality)
+from hetlab.imitation.run_files import (RUN_KIND, changed_option, config_from_json, load_weights,
+                                        read_phase_a_config, run_render_quality)
 from hetlab.imitation.schedule import learning_rate
 from hetlab.errors import UserError
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
@@ -38,6 +38,7 @@ from hetlab.policies.resnet import load_imagenet
 from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import record_launch
 from hetlab.stop_signals import resume_with, stop_guard
+from hetlab.train.loggers import TrackedRun, close_loggers, flat_options, make_loggers, require_logger
 
 
 def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weights: Path | None) -> ARActor:
@@ -58,7 +59,6 @@ def train_phase_a(cfg: PhaseAConfig) -> Path:
 def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     """`train_phase_a` holding, in `held`, the lock of the run directory it writes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-    from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
 
     state, figures = None, figures_wanted()
     if cfg.resume is not None:
@@ -80,6 +80,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     if cfg.keep_checkpoints is None:  # a new run, or one from before the option
         cfg = dataclasses.replace(cfg, keep_checkpoints=KEEP)
     preset = cfg.resolved
+    require_logger(cfg.tracker.logger)
     if state is None:  # config.json records the schedule and augmentation, not just the preset's name
         cfg = dataclasses.replace(cfg, lr=preset.lr, lr_decay=preset.lr_decay, image_shift=preset.image_shift)
     device = pick_device(cfg.device)
@@ -122,7 +123,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         persistent_workers=False)
     # Rows logged after the checkpoint are logged again.
     history = [row for row in read_history(run_dir) if row["step"] <= step] if state is not None else []
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
     start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
     first_step = step
     stopped_by = "steps"
@@ -135,6 +136,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
+    failed = True
     try:
         with stop_guard() as interrupted, progress:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
@@ -163,8 +165,9 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                            "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
                            "wall_s": now - start}
                     history.append(row)
-                    for key in ("loss", "grad_norm", "lr", "samples_per_s"):
-                        writer.add_scalar(f"train/{key}", row[key], step)
+                    for logger in loggers:
+                        logger.scalars({f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")},
+                                       step)
                     progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
                     window_start, window_losses = now, []
                 if step % preset.checkpoint_every == 0 or step == preset.steps:
@@ -172,8 +175,9 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                 if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds):
                     stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
                     break
+        failed = False
     finally:
-        writer.close()
+        close_loggers(loggers, failed)
         torch.set_num_threads(threads_before)
     if step % preset.checkpoint_every and step != preset.steps:
         checkpoint()
@@ -188,15 +192,12 @@ RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "device", "load
 def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir: Path) -> None:
     """A resumed run continues with its own options; one given that differs from them is refused,
     not ignored (e.g. another preset, whose model the checkpoint does not fit)."""
-    defaults = PhaseAConfig()
-    for option in dataclasses.fields(PhaseAConfig):
-        name = option.name
-        value = getattr(given, name)
-        if name not in RESUME_MAY_CHANGE and value != getattr(defaults, name) and value != getattr(restored, name):
-            raise UserError(f"--{name.replace('_', '-')} {value}: {run_dir} was trained with "
-                            f"{getattr(restored, name)} and a resumed run keeps its options (only --steps, "
-                            "--max-seconds, --keep-checkpoints, --device, --loader-workers and --compile may change); "
-                            "drop it, or start a new run")
+    changed = changed_option(given, restored, RESUME_MAY_CHANGE)
+    if changed is not None:
+        flag, asked, own = changed
+        raise UserError(f"{flag} {asked}: {run_dir} was trained with {own} and a resumed run keeps its options "
+                        "(only --steps, --max-seconds, --keep-checkpoints, --device, --loader-workers and --compile "
+                        "may change); drop it, or start a new run")
 
 
 def _finish(run_dir: Path, history: list[dict], step: int, first_step: int, wall: float, stopped_by: str,

@@ -37,7 +37,7 @@ import torch
 from hetlab.imitation.config import CACHE_DTYPES
 from hetlab.imitation.data import batch_indices, dropout_seed, open_dataset, step_generator
 from hetlab.imitation.run_files import (RUN_KIND, config_from_json, load_run, load_weights, read_run_config,
-                                        run_render_quality)
+                                        run_render_quality, changed_option, tracker_from_json)
 from hetlab.imitation.schedule import check_schedule, learning_rate
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint, save_checkpoint
@@ -60,6 +60,8 @@ from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 from hetlab.stop_signals import resume_with, stop_guard
+from hetlab.train.loggers import (TrackedRun, TrackerOptions, close_loggers, flat_options, make_loggers,
+                                  require_logger)
 
 DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
@@ -95,6 +97,7 @@ class PhaseBConfig:
     checkpoint_every: int = 1000
     max_seconds: float = 0.0
     out: Path | None = None  # run directory; default runs/aloha-ar-actor/<timestamp>-B-<condition>-s<seed>
+    tracker: TrackerOptions = TrackerOptions()  # wandb or mlflow beside TensorBoard (--logger, --run-name, ...)
     runs_dir: Path = Path("runs")
     resume: Path | None = None  # a Phase-B run to continue
 
@@ -134,13 +137,12 @@ def resumed_config(cfg: PhaseBConfig) -> PhaseBConfig:
     if config.get("phase") != "B":
         raise UserError(f"{cfg.resume} is a Phase-{config.get('phase')} run; resume it with --phase "
                         f"{config.get('phase')}, or pass a Phase-B run to --phase B --resume")
-    saved, defaults = _config_from_json(config["phase_b"]), PhaseBConfig()
-    for option in dataclasses.fields(PhaseBConfig):
-        name = option.name
-        value, own = getattr(cfg, name), getattr(saved, name)
-        if name not in RESUMABLE_OPTIONS and value != getattr(defaults, name) and value != own:
-            raise UserError(f"--resume continues {cfg.resume} with its own options, but --{name.replace('_', '-')} "
-                            f"asks for {value} where the run has {own}; start a new run to change it")
+    saved = _config_from_json(config["phase_b"])
+    changed = changed_option(cfg, saved, RESUMABLE_OPTIONS)
+    if changed is not None:
+        flag, asked, own = changed
+        raise UserError(f"--resume continues {cfg.resume} with its own options, but {flag} asks for {asked} where "
+                        f"the run has {own}; start a new run to change it")
     given = {name: getattr(cfg, name) for name in RESUMABLE_OPTIONS}
     if given["steps"] is None:
         given["steps"] = saved.steps
@@ -201,6 +203,8 @@ def load_phase_b_policy(run_dir: Path, step: int | None = None) -> PhaseBPolicy:
 def _config_from_json(saved: dict) -> PhaseBConfig:
     saved = {"lr_decay": 0.0} | saved  # runs from before the option trained at a constant rate
     saved["quantise"] = QuantiseConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["quantise"].items()})
+    if "tracker" in saved:  # runs from before the option logged to TensorBoard alone
+        saved["tracker"] = tracker_from_json(saved["tracker"])
     for key in ("from_run", "out", "runs_dir", "resume"):
         saved[key] = Path(saved[key]) if saved.get(key) is not None else None
     return PhaseBConfig(**saved)
@@ -248,8 +252,6 @@ def _meters(cfg: PhaseBConfig):
 
 def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     """Train (or resume) one condition; returns the run directory (with summary.json)."""
-    from torch.utils.tensorboard import SummaryWriter
-
     state, figures = None, figures_wanted()
     if cfg.resume is not None:
         cfg = resumed_config(cfg)
@@ -260,6 +262,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         cfg = dataclasses.replace(cfg, steps=DEFAULT_STEPS)
     model, phase_a, phase_a_step = frozen_encoder(cfg.from_run)
     validate(cfg, len(model.visual.layers))
+    require_logger(cfg.tracker.logger)
     cfg = with_phase_a_schedule(cfg, phase_a)
     first_step = state["step"] if state is not None else 0
     if first_step >= cfg.steps:
@@ -326,7 +329,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         return {"images": items[CAMERA_KEY].float().div_(255), STATE: items[STATE],
                 ACTION: items[ACTION], "action_is_pad": items["action_is_pad"]}
 
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
     timeline, learner = Timeline(), SpanRecorder()
     window = []
     reset_peak_memory(torch_device)
@@ -344,6 +347,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                                         "step": step})
         resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
 
+    failed = True
     try:
         with stop_guard() as interrupted, \
                 Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
@@ -391,8 +395,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
                            "wall_s": wall_offset + time.perf_counter() - started}
                     history.append(row)
-                    writer.add_scalar("train/loss", row["loss"], step)
-                    writer.add_scalar("train/lr", row["lr"], step)
+                    for logger in loggers:
+                        logger.scalars({"train/loss": row["loss"], "train/lr": row["lr"]}, step)
                     window = []
                 if job is not None:
                     progress.update(job, completed=step)
@@ -401,10 +405,11 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                 if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds):
                     stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
                     break
+        failed = False
     finally:
         wall = time.perf_counter() - started
         sampler.stop()
-        writer.close()
+        close_loggers(loggers, failed)
     checkpoint()
     samples = (step - first_step) * cfg.batch  # this launch's: time, power and memory are measured over it
     energy = sampler.report()

@@ -14,6 +14,7 @@ from typing import Literal
 from hetlab.errors import UserError
 from hetlab.imitation.schedule import check_schedule
 from hetlab.policies.ar_actor import ARActorConfig
+from hetlab.train.loggers import TrackerOptions
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class PhaseAConfig:
     max_seconds: float = 0.0  # stop (with a checkpoint) after this long; 0 = no limit
     # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
     keep_checkpoints: int | None = None
+    tracker: TrackerOptions = TrackerOptions()  # wandb or mlflow beside TensorBoard (--logger, --run-name, ...)
     runs_dir: Path = Path("runs")
     resume: Path | None = None  # a Phase-A run directory to continue
 

@@ -3,6 +3,7 @@ render quality of its images, its checkpoints and the weights they hold."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ from hetlab.errors import UserError
 from hetlab.imitation.presets import PhaseAConfig
 from hetlab.policies.ar_actor import ARActor, ARActorConfig
 from hetlab.run_config import AR_ACTOR_KIND as RUN_KIND, read_config_json
+from hetlab.train.loggers import TrackerOptions
 
 
 def read_run_config(run_dir: Path) -> dict:
@@ -49,10 +51,39 @@ def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
     before_options = {"lr_decay": 0.0, "image_shift": 0}  # how runs from before these options trained
     try:
         options = before_options | config["phase_a"]
+        if "tracker" in options:  # runs from before the option logged to TensorBoard alone
+            options["tracker"] = tracker_from_json(options["tracker"])
         return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in options.items()})
     except (KeyError, TypeError, AttributeError) as e:  # an edited file, or one another hetlab version wrote
         raise UserError(f"{run_dir / 'config.json'} does not hold the Phase-A options this hetlab reads ({e!r}); "
                         "restore it from a copy of the run, or start a new run") from e
+
+
+def changed_option(given, restored, may_change: tuple[str, ...]) -> tuple[str, object, object] | None:
+    """The first option `given` sets (away from its default) to another value than the resumed run's
+    own (`restored`), outside `may_change`, as (flag, asked, own); None if there is none. A group's
+    options (--quantise.*, the tracker's --logger, ...) count one by one."""
+    defaults = type(given)()
+    for option in dataclasses.fields(given):
+        name = option.name
+        value, default, own = getattr(given, name), getattr(defaults, name), getattr(restored, name)
+        if name in may_change:
+            continue
+        if dataclasses.is_dataclass(value):
+            prefix = "" if isinstance(value, TrackerOptions) else f"{name}."  # the tracker's flags have none
+            pairs = [(prefix + f.name, getattr(value, f.name), getattr(default, f.name), getattr(own, f.name))
+                     for f in dataclasses.fields(value)]
+        else:
+            pairs = [(name, value, default, own)]
+        for flag, asked, unset, kept in pairs:
+            if asked != unset and asked != kept:
+                return f"--{flag.replace('_', '-')}", asked, kept
+    return None
+
+
+def tracker_from_json(saved: dict) -> TrackerOptions:
+    """The tracker options a config.json records (its tags a JSON list)."""
+    return TrackerOptions(**{**saved, "tags": tuple(saved.get("tags", ()))})
 
 
 def load_run(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:

@@ -24,6 +24,7 @@ from hetlab.algos.contract import Algorithm
 from hetlab.errors import UserError
 from hetlab.run_config import read_rl_run_config
 from hetlab.sim import SIMS
+from hetlab.train.loggers import TrackerOptions
 
 # Only what the command line needs is imported here, so that `hetlab train --help` runs without
 # torch, numpy or MuJoCo; the methods that need the tasks or the runtime import them when called.
@@ -153,6 +154,10 @@ class TrainConfig:
         if self.ring_slots:
             return self.ring_slots
         return self.collectors if self.resolved_mode == "sync" else 2 * self.collectors
+
+    @property
+    def tracker(self) -> TrackerOptions:
+        return TrackerOptions(logger=self.logger, run_name=self.run_name, tags=self.tags, group=self.group)
 
     @property
     def task_options(self) -> dict[str, object]:

@@ -1,9 +1,9 @@
 """Where a run's curves go: TensorBoard always, and the tracker `--logger` names beside it.
 
-`RunRecord` writes to the loggers `make_loggers` returns: each row's scalars against env steps,
+Every training loop (RL's `RunRecord`, Phase A, Phase B) writes to the loggers `make_loggers`
+returns for its `TrackedRun`: each row's scalars against its step (env steps, optimizer steps),
 the policy videos of --video-every, and at the end whether the run failed. Each logger writes
-the run's options (`hyperparameters`) when its own record of the run starts, not when a resume
-continues it. wandb and mlflow are imported only when chosen; `require_logger` imports the chosen
+the run's options when its own record of the run starts, not when a resume continues it. wandb and mlflow are imported only when chosen; `require_logger` imports the chosen
 one before a run directory exists. A tracker's run is continued by `--resume`: its id is kept in
 RUN_DIR/logger_run.json.
 """
@@ -16,19 +16,50 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from hetlab.errors import UserError
 from hetlab.extras import require
 from hetlab.files import out_of_space, space_checked, write_text_atomic
 
 LOGGER_RUN_FILE = "logger_run.json"  # the tracker run's id, for --resume
-# The curves TensorBoard's HPARAMS tab shows beside the options.
-HPARAM_METRICS = ("train/mean_return", "eval/return")
 WANDB_PROJECT = "hetlab"  # unless WANDB_PROJECT says otherwise
 MLFLOW_PARAMS_PER_BATCH = 100  # mlflow's limit per log_batch call
 VIDEO_KEY = "video/policy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackerOptions:
+    """Where the curves, options and videos go besides TensorBoard (always written): wandb (the `wandb`
+    extra; WANDB_MODE=offline keeps it in RUN_DIR/wandb) or mlflow (the `mlflow` extra;
+    MLFLOW_TRACKING_URI, else RUNS_DIR/mlflow.db); a resumed run continues its wandb or mlflow run."""
+
+    logger: Literal["tensorboard", "wandb", "mlflow"] = "tensorboard"  # the tracker beside TensorBoard, if any
+    run_name: str = ""  # the run's name in wandb or mlflow; "" = the run directory's <parent>/<name>
+    tags: tuple[str, ...] = ()  # tags of the run in wandb or mlflow
+    group: str = ""  # wandb: the run's group; mlflow: its experiment ("" = the run directory's parent's name)
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    """What the loggers are told of a run."""
+
+    tracker: TrackerOptions
+    run_dir: Path
+    runs_dir: Path  # where mlflow's default store goes
+    options: dict[str, int | float | str | bool]  # written once, when a logger's record of the run starts
+    metrics: tuple[str, ...]  # the curves TensorBoard's HPARAMS tab shows beside the options
+
+    @property
+    def name(self) -> str:
+        return self.tracker.run_name or f"{self.run_dir.parent.name}/{self.run_dir.name}"
+
+    @property
+    def experiment(self) -> str:
+        return self.tracker.group or self.run_dir.parent.name
 
 
 @dataclass(frozen=True)
@@ -47,8 +78,8 @@ class Logger(ABC):
     """What RunRecord writes to."""
 
     @abstractmethod
-    def scalars(self, values: dict[str, float], env_steps: int) -> None:
-        """One row's scalars, by name (`train/...`, `loss/...`, `eval/...`), at `env_steps`."""
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        """One row's scalars, by name (`train/...`, `loss/...`, `eval/...`), at `step` (env steps in RL)."""
 
     @abstractmethod
     def video(self, video: PolicyVideo) -> None:
@@ -65,37 +96,38 @@ def require_logger(logger: str) -> None:
         require(logger, logger, f"--logger {logger}")
 
 
-def make_loggers(cfg, run_dir: Path) -> list[Logger]:
+def make_loggers(run: TrackedRun) -> list[Logger]:
     """TensorBoard's logger, and the chosen tracker's, each started or (on resume) continued."""
-    options = hyperparameters(cfg)
-    loggers: list[Logger] = [TensorBoardLogger(run_dir, options)]
+    loggers: list[Logger] = [TensorBoardLogger(run)]
     try:
-        if cfg.logger == "wandb":
-            loggers.append(WandbLogger(cfg, run_dir, options))
-        elif cfg.logger == "mlflow":
-            loggers.append(MlflowLogger(cfg, run_dir, options))
+        if run.tracker.logger == "wandb":
+            loggers.append(WandbLogger(run))
+        elif run.tracker.logger == "mlflow":
+            loggers.append(MlflowLogger(run))
     except BaseException:
         loggers[0].close(failed=True)
         raise
     return loggers
 
 
-def hyperparameters(cfg) -> dict[str, int | float | str | bool]:
-    """The run's options as the loggers take them: the top-level ones and the chosen algorithm's
-    (`ppo.gamma`), sequences and None as text."""
-
-    def scalar(value):
-        return value if isinstance(value, (int, float, str, bool)) else str(value)
-
-    options = {f.name: scalar(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
-               if not dataclasses.is_dataclass(getattr(cfg, f.name))}
-    algo = cfg.algo_config
-    return options | {f"{cfg.algo}.{f.name}": scalar(getattr(algo, f.name)) for f in dataclasses.fields(algo)}
+def close_loggers(loggers: list[Logger], failed: bool) -> None:
+    """Close every logger, whichever fails (the first failure is raised)."""
+    with ExitStack() as closing:
+        for logger in loggers:
+            closing.callback(logger.close, failed=failed)
 
 
-def run_name(cfg, run_dir: Path) -> str:
-    """--run-name, else the run directory as RUNS_DIR names it: <task>-<algo>/<timestamp>."""
-    return cfg.run_name or f"{run_dir.parent.name}/{run_dir.name}"
+def flat_options(options, prefix: str = "") -> dict[str, int | float | str | bool]:
+    """A config's options as the loggers take them: nested dataclasses as `group.name`, sequences,
+    paths and None as text."""
+    flat = {}
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if dataclasses.is_dataclass(value):
+            flat |= flat_options(value, f"{prefix}{f.name}.")
+        else:
+            flat[prefix + f.name] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
 
 
 def mlflow_store(runs_dir: str | Path) -> tuple[str, str | None]:
@@ -112,10 +144,10 @@ def mlflow_store(runs_dir: str | Path) -> tuple[str, str | None]:
 class TensorBoardLogger(Logger):
     """RUN_DIR/tensorboard: scalars, the options in the HPARAMS tab, videos as animated GIFs in IMAGES."""
 
-    def __init__(self, run_dir: Path, options: dict):
+    def __init__(self, run: TrackedRun):
         from torch.utils.tensorboard import SummaryWriter  # slow to import; only training needs it
 
-        directory = run_dir / "tensorboard"
+        directory = run.run_dir / "tensorboard"
         new = not any(directory.glob("events.out.tfevents.*"))
         self.writer = SummaryWriter(str(directory))
         self.events = f"{directory}/events.out.tfevents.*"
@@ -123,13 +155,13 @@ class TensorBoardLogger(Logger):
         if new:  # the options beside the curves they led to
             from torch.utils.tensorboard.summary import hparams
 
-            for summary in hparams(options, dict.fromkeys(HPARAM_METRICS, 0.0)):
+            for summary in hparams(run.options, dict.fromkeys(run.metrics, 0.0)):
                 self.writer.file_writer.add_summary(summary)
 
-    def scalars(self, values: dict[str, float], env_steps: int) -> None:
+    def scalars(self, values: dict[str, float], step: int) -> None:
         with space_checked(self.events):
             for name, value in values.items():
-                self.writer.add_scalar(name, value, env_steps)
+                self.writer.add_scalar(name, value, step)
 
     def video(self, video: PolicyVideo) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -169,15 +201,16 @@ class WandbLogger(Logger):
     rows a resume logs again after a crash (those past its checkpoint) wandb keeps from the first
     time: it drops steps below its newest."""
 
-    def __init__(self, cfg, run_dir: Path, options: dict):
+    def __init__(self, run: TrackedRun):
         wandb = require("wandb", "wandb", "--logger wandb")
+        run_dir, tracker = run.run_dir, run.tracker
         saved = _read_logger_run(run_dir).get("wandb")
         try:
             self.run = wandb.init(
                 dir=run_dir, project=saved["project"] if saved else os.environ.get("WANDB_PROJECT", WANDB_PROJECT),
                 id=saved["id"] if saved else None, resume="allow" if saved else None,
-                name=run_name(cfg, run_dir), tags=list(cfg.tags) or None, group=cfg.group or None,
-                config=None if saved else options,
+                name=run.name, tags=list(tracker.tags) or None, group=tracker.group or None,
+                config=None if saved else run.options,
                 # Left on, wandb wraps stdout and stderr, which the console lines and the collectors share.
                 settings=wandb.Settings(console="off"),
             )
@@ -190,9 +223,9 @@ class WandbLogger(Logger):
         self.wandb = wandb
         self.step = self.video_step = -1  # the newest step of a row, of a video
 
-    def scalars(self, values: dict[str, float], env_steps: int) -> None:
-        self.run.log(values, step=env_steps)
-        self.step = env_steps
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+        self.step = step
 
     def video(self, video: PolicyVideo) -> None:
         # wandb drops what is logged at a step below its newest and keeps one value per key and
@@ -208,50 +241,50 @@ class WandbLogger(Logger):
 
 
 class MlflowLogger(Logger):
-    """An mlflow run in experiment --group (default <task>-<algo>), in the store `mlflow_store`
+    """An mlflow run in experiment --group (default the run directory's parent: <task>-<algo>,
+    aloha-ar-actor), in the store `mlflow_store`
     picks; videos as artifacts under videos/. A row's metrics are sent while the next iteration
     runs, so the learner does not wait for the store; a resume continues the same run in the same
     store."""
 
-    def __init__(self, cfg, run_dir: Path, options: dict):
+    def __init__(self, run: TrackedRun):
         require("mlflow", "mlflow", "--logger mlflow")
         from mlflow.entities import Metric, Param
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
 
-        saved = _read_logger_run(run_dir).get("mlflow")
-        uri, artifacts = (saved["tracking_uri"], None) if saved else mlflow_store(cfg.runs_dir)
+        saved = _read_logger_run(run.run_dir).get("mlflow")
+        uri, artifacts = (saved["tracking_uri"], None) if saved else mlflow_store(run.runs_dir)
         try:
             self.client = MlflowClient(uri)
             if saved:
                 self.run_id = saved["run_id"]
                 self.client.update_run(self.run_id, status="RUNNING")
             else:
-                self.run_id = self._start(cfg, run_dir, artifacts)
-                params = [Param(name, str(value)) for name, value in options.items()]
+                self.run_id = self._start(run, artifacts)
+                params = [Param(name, str(value)) for name, value in run.options.items()]
                 for first in range(0, len(params), MLFLOW_PARAMS_PER_BATCH):
                     self.client.log_batch(self.run_id, params=params[first:first + MLFLOW_PARAMS_PER_BATCH])
         except MlflowException as e:
             raise UserError(f"--logger mlflow could not start a run at {uri} ({e.message.splitlines()[0]}); "
                             "set MLFLOW_TRACKING_URI to a store that works") from e
         if not saved:
-            _write_logger_run(run_dir, {"mlflow": {"tracking_uri": uri, "run_id": self.run_id}})
+            _write_logger_run(run.run_dir, {"mlflow": {"tracking_uri": uri, "run_id": self.run_id}})
         self.Metric = Metric
         self.sending = None  # the newest row's metrics, on their way
 
-    def _start(self, cfg, run_dir: Path, artifacts: str | None) -> str:
-        name = cfg.group or f"{cfg.task}-{cfg.algo}"
-        experiment = self.client.get_experiment_by_name(name)
+    def _start(self, run: TrackedRun, artifacts: str | None) -> str:
+        experiment = self.client.get_experiment_by_name(run.experiment)
         if experiment is not None:
             experiment_id = experiment.experiment_id
         else:
-            experiment_id = self.client.create_experiment(name, artifact_location=artifacts)
-        run = self.client.create_run(experiment_id, run_name=run_name(cfg, run_dir), tags=dict.fromkeys(cfg.tags, ""))
-        return run.info.run_id
+            experiment_id = self.client.create_experiment(run.experiment, artifact_location=artifacts)
+        started = self.client.create_run(experiment_id, run_name=run.name, tags=dict.fromkeys(run.tracker.tags, ""))
+        return started.info.run_id
 
-    def scalars(self, values: dict[str, float], env_steps: int) -> None:
+    def scalars(self, values: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        metrics = [self.Metric(name, float(value), now, env_steps) for name, value in values.items()]
+        metrics = [self.Metric(name, float(value), now, step) for name, value in values.items()]
         sending = self.client.log_batch(self.run_id, metrics=metrics, synchronous=False)
         # One row in flight at most: a store that fails is heard of, and nothing piles up.
         if self.sending is not None:

@@ -16,7 +16,7 @@ import json
 import shlex
 import statistics
 from collections import defaultdict, deque
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -27,7 +27,7 @@ from hetlab.files import atomic_path, write_text_atomic
 from hetlab.measure.timeline import Timeline
 from hetlab.stop_signals import resume_with
 from hetlab.run_history import read_history, write_history
-from hetlab.train.loggers import PolicyVideo, make_loggers
+from hetlab.train.loggers import PolicyVideo, TrackedRun, close_loggers, flat_options, make_loggers
 
 console = Console()
 
@@ -55,6 +55,13 @@ class EpisodeWindow:
         """The log row's episode columns; task metrics as `episode/<name>`."""
         return {"mean_return": mean(self.returns), "episode_length": mean(self.lengths),
                 **{f"episode/{name}": mean(values) for name, values in self.metrics.items()}}
+
+
+def hyperparameters(cfg) -> dict[str, int | float | str | bool]:
+    """The run's options as the loggers take them: the top-level ones and the chosen algorithm's
+    (`ppo.gamma`)."""
+    top = {name: value for name, value in flat_options(cfg).items() if "." not in name}
+    return top | flat_options(cfg.algo_config, f"{cfg.algo}.")
 
 
 def reached(target_return: float | None, episode_columns: dict[str, float]) -> bool:
@@ -91,7 +98,8 @@ class RunRecord:
             self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
                                         _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
         self.figures = figures_wanted()
-        self.loggers = make_loggers(cfg, run_dir)
+        self.loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, Path(cfg.runs_dir), hyperparameters(cfg),
+                                               metrics=("train/mean_return", "eval/return")))
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
         """An iteration's row (its wall_seconds counted within this launch; env_steps_per_s the
@@ -144,9 +152,7 @@ class RunRecord:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        with ExitStack() as closing:  # every logger closes, whichever fails
-            for logger in self.loggers:
-                closing.callback(logger.close, failed=exc_type is not None)
+        close_loggers(self.loggers, failed=exc_type is not None)
 
     def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
         """summary.json (the whole run, and each launch), history.json, the Chrome trace and the
