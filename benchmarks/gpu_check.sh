@@ -111,10 +111,10 @@ check phase_b 90 bash -c "
     --out $WORK/phase_b_learner
   ${HETLAB[*]} aloha train --phase B --from \$phase_a --condition L4 --offload-device cpu --steps $PHASE_B_STEPS \
     \$episodes --out $WORK/phase_b_L4"
-# G1 walk-flat for the minute left: PPO at the G1's finest stable step (5 ms), Playground's discount.
+# G1 walk-flat for the minute left: its recipe (PPO at 5 ms, Playground's discount), more envs.
 check g1_walk $(awk "BEGIN { print int($G1_MINUTES * 60 + 60) }") "$PYTHON" benchmarks/time_to_solve.py \
   --task g1-walk-flat --budget-minutes $G1_MINUTES --runs-dir "$WORK/runs" --out "$OUT" -- \
-  --sim-dt 0.005 --ppo.gamma 0.97 --envs $G1_ENVS --eval-every 10 --eval-envs 128
+  --envs $G1_ENVS --eval-every 10 --eval-envs 128
 
 STATUS_LINES=$(for name in "${!STATUS[@]}"; do printf '%s\t%s\n' "$name" "${STATUS[$name]}"; done)
 STATUS_LINES="$STATUS_LINES" "$PYTHON" - "$OUT" "$LOGS" "$WORK" <<'EOF'

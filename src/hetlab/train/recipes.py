@@ -46,4 +46,13 @@ RECIPES: dict[str, Recipe] = {
              "ppo.init_noise_std": 0.5},
         time_to_solve="16–18 min (seeds 1, 0; 2-core AMD EPYC, Zen 5, with AVX-512, no GPU)",
     ),
+    "g1-walk-flat": Recipe(
+        algo="ppo",
+        # Go1's recipe at the G1's finest stable physics step (5 ms; its own is 2 ms; at 10 ms it
+        # diverges). The task's penalty curriculum is what lets it stand: without it the same
+        # settings left episodes at 58 of 1,000 steps after 8 M env steps (docs/benchmarks.md).
+        options={"ppo.gamma": 0.97, "sim_dt": 0.005, "eval_every": 50, "eval_envs": 128},
+        cpu={"envs": 512, "ppo.actor_hidden": (256, 128, 64), "ppo.critic_hidden": (256, 128, 64),
+             "ppo.init_noise_std": 0.5},
+    ),
 }
