@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hetlab.algos.contract import Algorithm
-from hetlab.checkpoint import checkpoint_dir, mark_best, read_best, save_checkpoint
+from hetlab.checkpoint import checkpoint_dir, save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, fresh_episodes, run_transition_collector
 from hetlab.runtime.inference_server import InferenceServer
@@ -34,8 +34,8 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.stop_signals import stop_guard
 from hetlab.tasks import task_class
-from hetlab.train.evaluation import TrainingEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
+from hetlab.train.cadence import Cadence
+from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
 from hetlab.train.video import PolicyVideos
 
 
@@ -63,18 +63,17 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
     episodes = EpisodeWindow()
     start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
-    # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
-    evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                    cfg.task_options, physics_threads) \
-        if cfg.eval_every else None
-    best = read_best(run_dir)
-    best_return = best["eval/return"] if best else -math.inf
     stopped_by = "max_iterations"
     with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, ReplayBuffer(layout) as replay, ExitStack() as resources, \
             pool:
         timeline = record.timeline
+        cadence = Cadence(cfg, run_dir, torch.device(device.torch_device), physics_threads, videos)
         stager = server = None
+
+        def checkpoint() -> None:
+            _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
+
         try:
             if snapshot is not None:
                 replay.load(snapshot, steps)
@@ -157,9 +156,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                 if server is not None:
                     timeline.add(iteration, "inference server", server.take_spans())
                 evaluated = {}
-                if evaluation is not None and (iteration + 1) % cfg.eval_every == 0:
+                if cadence.evaluates(iteration):
                     with learner.span("evaluate"):
-                        evaluated = evaluation.run(algo.actor)
+                        evaluated = cadence.evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 vector_steps = stager.vector_steps
                 wall = time.perf_counter() - start
@@ -183,21 +182,11 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                 }, {name: mean([t[name] for t in terms]) for name in terms[0]} if terms else {})
                 metas = []
                 iteration += 1
-                improved = bool(evaluated) and evaluated["eval/return"] > best_return
-                if improved or iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
-                    _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
-                if improved:  # the policy just evaluated is the one the checkpoint holds
-                    best_return = evaluated["eval/return"]
-                    mark_best(run_dir, iteration, evaluated)
-                videos.after_iteration(iteration, algo.actor)
-                if reached(cfg.target_return, returns):
-                    stopped_by = "target_return"
+                stop = cadence.after(iteration, evaluated, returns, algo.actor, checkpoint)
+                if stop is not None:
+                    stopped_by = stop
                     break
-                if cfg.until_solved and evaluated.get("eval/solved"):
-                    stopped_by = "solved"
-                    break
-            if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
-                _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
+            cadence.stopped(iteration, stopped_by, checkpoint)
         finally:
             wall = time.perf_counter() - start
             for thread in (stager, server):

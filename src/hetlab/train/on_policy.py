@@ -12,14 +12,13 @@ memory is unlinked; a run that was not failed writes its summary, trace and plot
 from __future__ import annotations
 
 import copy
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from hetlab.algos.contract import OnPolicyAlgorithm
-from hetlab.checkpoint import mark_best, read_best, save_checkpoint
+from hetlab.checkpoint import save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
 from hetlab.runtime.pool import CollectorJob, CollectorPool
@@ -28,8 +27,8 @@ from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.stop_signals import stop_guard
-from hetlab.train.evaluation import TrainingEvaluation
-from hetlab.train.run import EpisodeWindow, RunRecord, console, mean, reached
+from hetlab.train.cadence import Cadence
+from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
 from hetlab.train.video import PolicyVideos
 
 
@@ -43,12 +42,6 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
-    # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
-    evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, torch.device(device.torch_device),
-                                    cfg.task_options, physics_threads) \
-        if cfg.eval_every else None
-    best = read_best(run_dir)
-    best_return = best["eval/return"] if best else -math.inf
     start = time.perf_counter()
     stopped_by = "max_iterations"
     with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
@@ -56,6 +49,11 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
             WeightBroadcast(algo.actor.state_dict()) as weights, pool:
         timeline = record.timeline
+        cadence = Cadence(cfg, run_dir, torch.device(device.torch_device), physics_threads, videos)
+
+        def checkpoint() -> None:
+            _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
+
         stager = None
         try:
             weights.publish(algo.actor.state_dict(), version=iteration)
@@ -100,9 +98,9 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
                     timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                     collector_states[meta["collector"]] = meta["state"]
                 evaluated = {}
-                if evaluation is not None and (iteration + 1) % cfg.eval_every == 0:
+                if cadence.evaluates(iteration):
                     with learner.span("evaluate"):
-                        evaluated = evaluation.run(algo.actor)
+                        evaluated = cadence.evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
                 wall = time.perf_counter() - start
@@ -122,26 +120,16 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
                     **evaluated,
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
                 iteration += 1
-                improved = bool(evaluated) and evaluated["eval/return"] > best_return
-                if improved or iteration % cfg.checkpoint_every == 0 or iteration == cfg.max_iterations:
-                    _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
-                if improved:  # the policy just evaluated is the one the checkpoint holds
-                    best_return = evaluated["eval/return"]
-                    mark_best(run_dir, iteration, evaluated)
-                videos.after_iteration(iteration, algo.actor)
-                if reached(cfg.target_return, returns):
-                    stopped_by = "target_return"
-                    break
-                if cfg.until_solved and evaluated.get("eval/solved"):
-                    stopped_by = "solved"
+                stop = cadence.after(iteration, evaluated, returns, algo.actor, checkpoint)
+                if stop is not None:
+                    stopped_by = stop
                     break
         finally:
             wall = time.perf_counter() - start  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()
             pool.stop(ring.drain_one)
-    if stopped_by != "max_iterations" and iteration % cfg.checkpoint_every:
-        _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
+    cadence.stopped(iteration, stopped_by, checkpoint)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
 
 
