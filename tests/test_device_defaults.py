@@ -12,7 +12,7 @@ import pytest
 from hetlab.algos import ALGOS
 from hetlab.devices import LearnerDevice
 from hetlab.errors import UserError
-from hetlab.train.config import AlgoConfigs, TrainConfig, validate
+from hetlab.train.config import AlgoConfigs, TrainConfig, validate, with_run_defaults
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.launch import train
 
@@ -36,7 +36,7 @@ def test_a_cpu_learner_gets_the_algorithms_cpu_defaults_and_they_validate(algo):
         assert value_of(cfg, option) == value, option
     default = TrainConfig(algo=algo, task="cartpole-balance")
     assert scaled == {option: value for option, value in cpu_defaults.items() if value_of(default, option) != value}
-    validate(cfg)  # minibatch split, replay capacity vs learning starts, memory: all on the resolved values
+    validate(with_run_defaults(cfg))  # minibatch split, replay capacity vs learning starts, memory: all resolved
 
 
 def test_the_accelerator_sized_defaults_are_scaled_down_on_the_cpu():
@@ -85,7 +85,7 @@ def test_validation_runs_on_the_resolved_config(tmp_path, monkeypatch):
                       runs_dir=str(tmp_path / "runs"),
                       algos=AlgoConfigs(ppo=ALGOS["ppo"].Config(num_mini_batches=1024, num_learning_epochs=1,
                                                                 actor_hidden=(8,), critic_hidden=(8,))))
-    validate(cfg)
+    validate(with_run_defaults(cfg))
     with pytest.raises(UserError, match="512 samples do not split into 1024 minibatches"):
         train(cfg)
     assert not (tmp_path / "runs").exists()

@@ -314,10 +314,10 @@ def with_ray_pool_sizes(cfg: TrainConfig, given: TrainConfig) -> TrainConfig:
 
 
 def validate(cfg: TrainConfig) -> None:
-    """UserError for anything that would fail later: before a run directory or process exists."""
+    """UserError for anything in a resolved config (launch.resolved) that would fail later: before a
+    run directory or process exists."""
     from hetlab.tasks import make_config
 
-    cfg = with_run_defaults(cfg)
     for name in ("collectors", "horizon", "max_iterations", "checkpoint_every"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

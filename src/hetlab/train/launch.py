@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from hetlab.checkpoint import checkpoint_dir, read_checkpoint
-from hetlab.devices import apply_thread_budget, pick_device, thread_budget
+from hetlab.devices import LearnerDevice, apply_thread_budget, pick_device, thread_budget
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.figures import figures_wanted
@@ -61,7 +61,7 @@ def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
 
 def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     """`train` holding, in `held`, the lock of the run directory it writes."""
-    resume_state, branch_of, launch, sources = None, None, cfg, {}
+    resume_state, branch_of, launch = None, None, cfg
     if cfg.resume:
         run_dir = Path(cfg.resume)
         chosen = checkpoint_dir(run_dir, cfg.checkpoint)
@@ -73,23 +73,11 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
         resume_state = read_checkpoint(run_dir, chosen)
         # Which checkpoint to start from is this launch's choice; the run goes on from its newest.
         launch = dataclasses.replace(cfg, checkpoint="latest")
-        cfg = resumed_config(load_run_config(run_dir), with_ray_pool_sizes(launch, launch), given)
-        sources = read_option_sources(run_dir) | {name: f"{origin} (resume)" for name, origin in given.items()}
     elif cfg.checkpoint != "latest":
         raise UserError(f"--checkpoint {cfg.checkpoint} picks the checkpoint --resume continues from; "
                         "give --resume RUN_DIR too")
-    cfg = with_run_defaults(cfg)
-    if cfg.motion:  # absolute, so that play and export find the clip from anywhere
-        cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
     device = pick_device(cfg.device)
-    scaled, from_recipe = {}, {}
-    if resume_state is None:  # a resumed run keeps its saved values, resolved for the device it started on
-        sources = dict(given)
-        cfg, from_recipe = with_recipe(cfg, given, device.is_accelerator)
-        sources |= dict.fromkeys(from_recipe, "recipe")
-        cfg, scaled = scale_defaults(cfg, device, fixed=set(given) | set(from_recipe))
-        sources |= dict.fromkeys(scaled, "cpu default")
-    cfg = with_ray_pool_sizes(cfg, launch)  # explicit sizes win over the scaled defaults
+    cfg, sources, from_recipe, scaled = resolved(launch, given, device, Path(cfg.resume) if resume_state else None)
     validate(cfg)
     if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
         raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
@@ -170,6 +158,29 @@ def open_pool(cfg: TrainConfig) -> CollectorPool:
         cluster.close()
         raise
     return RayPool(cluster, cfg.ray_pool.max_restarts)
+
+
+def resolved(launch: TrainConfig, given: dict[str, str], device: LearnerDevice,
+             resumed: Path | None) -> tuple[TrainConfig, dict[str, str], dict, dict]:
+    """The run's config in one step, with where each value came from ({option: source}, for
+    config.json), the recipe's values and the CPU defaults it took. A new run: the defaults, under
+    the algorithm's CPU-sized ones on a CPU learner, under the task's recipe, under the options given
+    (`given`: command line, --config file or python). A resumed run (`resumed`): its own saved values,
+    resolved for the device it started on, with the budgets and options a resume may change."""
+    from_recipe, scaled = {}, {}
+    if resumed is not None:
+        cfg = resumed_config(load_run_config(resumed), with_ray_pool_sizes(launch, launch), given)
+        sources = read_option_sources(resumed) | {name: f"{origin} (resume)" for name, origin in given.items()}
+    cfg = with_run_defaults(launch if resumed is None else cfg)
+    if cfg.motion:  # absolute, so that play and export find the clip from anywhere
+        cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
+    if resumed is None:
+        sources = dict(given)
+        cfg, from_recipe = with_recipe(cfg, given, device.is_accelerator)
+        sources |= dict.fromkeys(from_recipe, "recipe")
+        cfg, scaled = scale_defaults(cfg, device, fixed=set(given) | set(from_recipe))
+        sources |= dict.fromkeys(scaled, "cpu default")
+    return with_ray_pool_sizes(cfg, launch), sources, from_recipe, scaled  # explicit sizes win over scaled ones
 
 
 def resumed_config(saved: TrainConfig, launch: TrainConfig, given: Mapping[str, str]) -> TrainConfig:
