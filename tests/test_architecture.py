@@ -100,6 +100,27 @@ def test_only_the_runtime_starts_processes():
     assert not starters, starters
 
 
+def hand_typed_layouts(tree: ast.AST) -> list[int]:
+    """Lines that assign a class's `obs_sizes` or a module's `*_NOISE` vector by hand."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) or (isinstance(node, ast.AnnAssign) and node.value is not None):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [target.id for target in targets if isinstance(target, ast.Name)]
+            if any(name == "obs_sizes" or name.endswith("POLICY_NOISE") for name in names):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_tasks_declare_their_observations_as_terms():
+    """Observation sizes, noise vectors and slices follow from a task's declared terms
+    (tasks/observations.py); none is typed by hand."""
+    typed = [f"hetlab.{module}:{line}" for module, tree in modules().items() if module.startswith("tasks.")
+             for line in hand_typed_layouts(tree)]
+    assert not typed, typed
+    assert hand_typed_layouts(ast.parse("class T:\n    obs_sizes = {'policy': 3}\nPOLICY_NOISE = [0.1]\n")) == [2, 3]
+
+
 def test_the_checks_see_what_they_look_for():
     """The walkers find an upward import and a process start when there is one."""
     tree = ast.parse("import multiprocessing\nfrom hetlab.train.config import TrainConfig\n"
