@@ -243,12 +243,14 @@ def phase_a_trial(rng: random.Random, where: str, dataset: Path, runs: Path) -> 
     args = [*PHASE_A, "--dataset", str(dataset), "--runs-dir", str(runs)]
     learner = hetlab(args, hook=None if where == "random" else f"{WRITES['checkpoint']}:{rng.randint(1, 2)}")
     run_dir = Path(learner.stdout.readline().strip())
-    if where == "random":  # within the 10 steps after a random logged step past the first checkpoint
-        at = rng.randrange(PHASE_A_EVERY, 300, 10)
-        while learner.poll() is None and not ((run_dir / "checkpoint.json").is_file()
-                                              and any(row["step"] >= at for row in read_history(run_dir))):
+    killed_after = 0.0  # seconds the learner trained past the checkpoint it was killed after
+    if where == "random":  # at a random moment of the checkpoint interval after the first checkpoint
+        launched = time.perf_counter()
+        while learner.poll() is None and not (run_dir / "checkpoint.json").is_file():
             time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 0.1))
+        checkpointed = time.perf_counter()
+        time.sleep(rng.uniform(0.0, checkpointed - launched))  # the first interval's time, start-up included
+        killed_after = time.perf_counter() - checkpointed
         learner.kill()
     learner.communicate()
     before = read_history(run_dir)
@@ -256,7 +258,10 @@ def phase_a_trial(rng: random.Random, where: str, dataset: Path, runs: Path) -> 
     started = time.perf_counter()
     again = subprocess.run([HETLAB, "aloha", "train", "--resume", str(run_dir)], capture_output=True, text=True)
     after = read_history(run_dir)
-    trained_to = before[-1]["step"] if before else 0
+    # Phase A writes its rows with its checkpoints, so the steps trained past the last one (and done
+    # again) are estimated from the time it trained past it, at its logged rate.
+    steps_per_s = before[-1]["samples_per_s"] / 8 if before else 0.0  # the tiny runs' batch of 8
+    trained_to = step + min(round(killed_after * steps_per_s), PHASE_A_EVERY) if where == "random" else step
     return {"where": where, "killed_status": learner.returncode, "resumed": again.returncode == 0,
             "resume_stderr": again.stderr[-2000:] if again.returncode else "",
             "rows_before": len(before), "rows_after": len(after),

@@ -101,7 +101,7 @@ def test_only_the_runtime_starts_processes():
 
 
 def hand_typed_layouts(tree: ast.AST) -> list[int]:
-    """Lines that assign a class's `obs_sizes` or a module's `*_NOISE` vector by hand."""
+    """Lines that assign a class's `obs_sizes` or a module's `*POLICY_NOISE` vector by hand."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) or (isinstance(node, ast.AnnAssign) and node.value is not None):
@@ -113,8 +113,8 @@ def hand_typed_layouts(tree: ast.AST) -> list[int]:
 
 
 def test_tasks_declare_their_observations_as_terms():
-    """Observation sizes, noise vectors and slices follow from a task's declared terms
-    (tasks/observations.py); none is typed by hand."""
+    """Observation sizes and noise vectors follow from a task's declared terms (tasks/observations.py);
+    none is typed by hand."""
     typed = [f"hetlab.{module}:{line}" for module, tree in modules().items() if module.startswith("tasks.")
              for line in hand_typed_layouts(tree)]
     assert not typed, typed

@@ -13,7 +13,6 @@ from hetlab.runtime.replay import ReplayBuffer, ReplayLayout
 from hetlab.runtime.rollout_ring import RolloutLayout, RolloutRing
 from hetlab.runtime.weights import WeightBroadcast
 
-ports = pytest.importorskip("hetlab.runtime.ray.ports", reason="the ray extra is not installed")
 
 OBS = {"policy": 5, "critic": 7}
 
@@ -54,6 +53,7 @@ def test_regions_and_their_ports_meet_the_collector_side_protocols():
         _assert_meets(ring, RolloutSlots)
         _assert_meets(replay, TransitionSink)
         _assert_meets(weights, WeightSource)
+        ports = pytest.importorskip("hetlab.runtime.ray.ports", reason="the ray extra is not installed")
         for local in (True, False):  # on the learner's node, and on another
             _assert_meets(ports.make_port("ring", ring, local), RolloutSlots)
             _assert_meets(ports.make_port("replay", replay, local), TransitionSink)

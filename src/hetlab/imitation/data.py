@@ -1,7 +1,7 @@
 """What the imitation half trains on: the demonstrations, checked against what the policy reads, and
 each step's batch. Everything random is a function of (seed, step) — the batch order, the history
 mask, the image shifts, dropout — so a resumed run continues exactly where the uninterrupted one
-would have been, and Phase B gives every condition the same data order and masks as Phase A.
+would have been, and every Phase-B condition of a seed meets the same batches and masks.
 """
 
 from __future__ import annotations

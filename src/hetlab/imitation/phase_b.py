@@ -329,7 +329,6 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         return {"images": items[CAMERA_KEY].float().div_(255), STATE: items[STATE],
                 ACTION: items[ACTION], "action_is_pad": items["action_is_pad"]}
 
-    loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
     timeline, learner = Timeline(), SpanRecorder()
     window = []
     reset_peak_memory(torch_device)
@@ -347,8 +346,9 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                                         "step": step})
         resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
 
-    failed = True
-    try:
+    loggers, failed = [], True
+    try:  # the sampler stops and the loggers close whatever fails
+        loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
         with stop_guard() as interrupted, \
                 Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
             while True:

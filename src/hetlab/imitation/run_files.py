@@ -59,6 +59,9 @@ def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
                         "restore it from a copy of the run, or start a new run") from e
 
 
+FLAGS = {"from_run": "from"}  # options the command line spells otherwise (cli/aloha.py)
+
+
 def changed_option(given, restored, may_change: tuple[str, ...]) -> tuple[str, object, object] | None:
     """The first option `given` sets (away from its default) to another value than the resumed run's
     own (`restored`), outside `may_change`, as (flag, asked, own); None if there is none. A group's
@@ -77,7 +80,7 @@ def changed_option(given, restored, may_change: tuple[str, ...]) -> tuple[str, o
             pairs = [(name, value, default, own)]
         for flag, asked, unset, kept in pairs:
             if asked != unset and asked != kept:
-                return f"--{flag.replace('_', '-')}", asked, kept
+                return f"--{FLAGS.get(flag, flag).replace('_', '-')}", asked, kept
     return None
 
 

@@ -7,6 +7,10 @@ much as falling costs, so falling at once scores no worse than standing. Scaling
 step on which episodes ended, their lengths move an average over about `window` episodes, and
 `scale` shrinks by `rate` (relatively) while that average is below `shrink_below` of the episode's
 steps, and grows by `rate` while it is above `grow_above`, within [min_scale, max_scale].
+
+The curriculum is the task's: each collector's task keeps its own, from its own episodes, and it is
+part of the task's state, so a run that checkpoints its collectors' tasks (sync on-policy training)
+resumes it exactly; elsewhere (async, off-policy, a replaced collector) it starts over.
 """
 
 from __future__ import annotations

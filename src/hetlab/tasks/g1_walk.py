@@ -11,8 +11,10 @@ Two departures, from Holosoma's G1 locomotion recipe, because with Playground's 
 did not learn to stand in 8 M env steps (docs/benchmarks.md#time-to-solve): an `alive` term pays
 each step the robot stays up, and a penalty curriculum (curriculum.py) weighs every penalty but
 the fall's at a tenth, then less, while episodes stay short, and raises them to their full weight
-once most episodes reach the time limit. `penalty_curriculum=None` gives Playground's reward
-(and its `alive` weight is then 0, as Playground's).
+once most episodes reach the time limit. `penalty_curriculum=None` gives Playground's reward (the
+`alive` term is then 0 on every step). A training evaluation starts every time from the same task
+state, so its returns are at the curriculum's initial scale: comparable with each other, not with
+the training episodes' returns.
 
 The policy sees noisy proprioception from the pelvis IMU and joints, the command, its last
 action and the gait clock (103 values, as Playground); the critic sees those exactly, with the

@@ -50,6 +50,7 @@ class Cadence:
         return None
 
     def stopped(self, iterations: int, stopped_by: str, checkpoint: Callable[[], None]) -> None:
-        """A run that stopped before its last iteration checkpoints there, unless it just did."""
+        """A run that stopped before its last iteration checkpoints there, unless its checkpoint cadence
+        just did (a checkpoint for a new best is written again: the same state, harmless)."""
         if stopped_by != "max_iterations" and iterations % self.cfg.checkpoint_every:
             checkpoint()

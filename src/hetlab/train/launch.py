@@ -26,6 +26,7 @@ from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.figures import figures_wanted
 from hetlab.files import write_text_atomic
+from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import META_FILE, record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
 from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_value, load_run_config, option_path,
@@ -124,10 +125,7 @@ def branch_run(source: Path, checkpoint: Path, run_dir: Path, iteration: int) ->
     history up to it, and meta.json's launches; `source` itself is left as it is."""
     shutil.copytree(checkpoint, run_dir / "checkpoints" / checkpoint.name)
     write_text_atomic(run_dir / "checkpoint.json", json.dumps({"latest": checkpoint.name}))
-    history_file = source / "history.json"
-    if history_file.is_file():
-        rows = [row for row in json.loads(history_file.read_text()) if row["iteration"] < iteration]
-        write_text_atomic(run_dir / "history.json", json.dumps(rows))
+    write_history(run_dir, [row for row in read_history(source) if row["iteration"] < iteration])
     launches = json.loads((source / META_FILE).read_text())["launches"] if (source / META_FILE).is_file() else []
     branched = {"branched_from": {"run": str(source.resolve()), "iteration": iteration}}
     write_text_atomic(run_dir / META_FILE, json.dumps({"launches": launches, **branched}, indent=2))

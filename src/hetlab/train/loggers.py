@@ -75,7 +75,7 @@ class PolicyVideo:
 
 
 class Logger(ABC):
-    """What RunRecord writes to."""
+    """What a training loop's record writes to (RunRecord, Phase A, Phase B)."""
 
     @abstractmethod
     def scalars(self, values: dict[str, float], step: int) -> None:
