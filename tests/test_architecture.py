@@ -28,6 +28,11 @@ LAYERS = [
     ["cli", "__init__"],
 ]
 PROCESS_STARTERS = {"Process", "Pool", "ProcessPoolExecutor"}  # multiprocessing's and concurrent.futures'
+# What a training run does around its steps — stop on a signal, open and close its loggers, write a
+# checkpoint and name its resume command — is called from the run layer alone.
+RUN_LAYER = "train.run_layer"
+RUN_LAYER_CALLS = {"stop_guard", "make_loggers", "close_loggers", "save_checkpoint", "resume_with"}
+TRAINING_LOOPS = ("train.on_policy", "train.off_policy", "imitation.phase_a", "imitation.phase_b")
 
 
 def module_name(path: Path) -> str:
@@ -87,17 +92,34 @@ def test_no_import_circle():
             visit(module, [module])
 
 
+def calls(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each call of a function or method named in `names`."""
+    found = []
+    for node in ast.walk(tree):
+        called = node.func if isinstance(node, ast.Call) else None
+        name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+        if name in names:
+            found.append((node.lineno, name))
+    return found
+
+
 def test_only_the_runtime_starts_processes():
-    starters = []
-    for module, tree in modules().items():
-        if module.startswith("runtime"):
-            continue
-        for node in ast.walk(tree):
-            called = node.func if isinstance(node, ast.Call) else None
-            name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
-            if name in PROCESS_STARTERS:
-                starters.append(f"hetlab.{module}:{node.lineno} calls {name}")
+    starters = [f"hetlab.{module}:{line} calls {name}" for module, tree in modules().items()
+                if not module.startswith("runtime") for line, name in calls(tree, PROCESS_STARTERS)]
     assert not starters, starters
+
+
+def test_every_training_loop_stands_on_the_one_run_layer():
+    """A new cross-cutting feature of a run touches train/run_layer.py alone: no loop stops on a
+    signal, opens a logger or writes a checkpoint by itself, and each one uses the layer."""
+    found = modules()
+    elsewhere = [f"hetlab.{module}:{line} calls {name}" for module, tree in found.items() if module != RUN_LAYER
+                 for line, name in calls(tree, RUN_LAYER_CALLS)]
+    assert not elsewhere, elsewhere
+    assert {name for _, name in calls(found[RUN_LAYER], RUN_LAYER_CALLS)} == RUN_LAYER_CALLS
+    run_layer_users = {module for module, tree in found.items() if "train.run_layer" in hetlab_imports(tree, False)
+                       or "train.run" in hetlab_imports(tree, False)}
+    assert set(TRAINING_LOOPS) <= run_layer_users, set(TRAINING_LOOPS) - run_layer_users
 
 
 def hand_typed_layouts(tree: ast.AST) -> list[int]:
@@ -127,5 +149,6 @@ def test_the_checks_see_what_they_look_for():
                      "def f():\n    multiprocessing.get_context('spawn').Process(target=f).start()\n")
     assert hetlab_imports(tree, top_level_only=True) == {"train.config"}
     assert layer_of("train.config") > layer_of("runtime.pool")
-    calls = [n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    assert "Process" in calls
+    assert calls(tree, PROCESS_STARTERS) == [(4, "Process")]
+    assert calls(ast.parse("from hetlab.stop_signals import stop_guard\nwith stop_guard(): pass\n"),
+                 RUN_LAYER_CALLS) == [(2, "stop_guard")]

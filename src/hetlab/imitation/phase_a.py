@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hetlab.aloha.record import recorded_render_quality
-from hetlab.checkpoint import KEEP, load_checkpoint, save_checkpoint
+from hetlab.checkpoint import KEEP, load_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE, LeRobotDataset
 from hetlab.devices import OPTIMIZER_OPTIONS, autocast_for, cpu_count, pick_device
 from hetlab.dir_lock import exclusive_writer
@@ -35,10 +35,9 @@ from hetlab.imitation.schedule import learning_rate
 from hetlab.errors import UserError
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
-from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import record_launch
-from hetlab.stop_signals import resume_with, stop_guard
-from hetlab.train.loggers import TrackedRun, close_loggers, flat_options, make_loggers, require_logger
+from hetlab.train.loggers import TrackedRun, flat_options, require_logger
+from hetlab.train.run_layer import TrainingRun
 
 
 def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weights: Path | None) -> ARActor:
@@ -121,24 +120,21 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         dataset, batch_sampler=StepBatches(step, preset.steps, cfg.batch, len(dataset), cfg.seed),
         num_workers=cfg.loader_workers, pin_memory=device.pinned_memory, prefetch_factor=4 if cfg.loader_workers else None,
         persistent_workers=False)
-    # Rows logged after the checkpoint are logged again.
-    history = [row for row in read_history(run_dir) if row["step"] <= step] if state is not None else []
-    loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
-    start, window_start, window_losses = time.perf_counter(), time.perf_counter(), []
-    first_step = step
-    stopped_by = "steps"
+    run = TrainingRun(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)),
+                      f"hetlab aloha train --resume {shlex.quote(str(run_dir))}", first_step=step,
+                      last_step=preset.steps, checkpoint_every=preset.checkpoint_every, max_seconds=cfg.max_seconds,
+                      row_steps=lambda row: row["step"], clock="wall_s")
+    first_step, stopped_by = step, "steps"
+    window_start, window_losses = time.perf_counter(), []
 
     def checkpoint() -> None:
-        write_history(run_dir, history)  # first: a kill between the two leaves rows a resume drops, none lost
-        save_checkpoint(run_dir, step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
-                        keep=cfg.keep_checkpoints)
-        resume_with(f"hetlab aloha train --resume {shlex.quote(str(run_dir))}")
+        run.checkpoint(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                       keep=cfg.keep_checkpoints)
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
-    failed = True
     try:
-        with stop_guard() as interrupted, progress:
+        with run, progress:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
             for batch in loader:
                 images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
@@ -163,25 +159,21 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                     row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": float(grad_norm),
                            "lr": optimizer.param_groups[0]["lr"],
                            "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
-                           "wall_s": now - start}
-                    history.append(row)
-                    for logger in loggers:
-                        logger.scalars({f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")},
-                                       step)
+                           "wall_s": run.run_clock()}
+                    run.log(row, {f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")},
+                            step)
                     progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
                     window_start, window_losses = now, []
-                if step % preset.checkpoint_every == 0 or step == preset.steps:
+                if run.checkpoint_due(step):
                     checkpoint()
-                if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds):
-                    stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
+                stop = run.stop_reason()
+                if stop is not None:
+                    stopped_by = stop
                     break
-        failed = False
     finally:
-        close_loggers(loggers, failed)
         torch.set_num_threads(threads_before)
-    if step % preset.checkpoint_every and step != preset.steps:
-        checkpoint()
-    _finish(run_dir, history, step, first_step, time.perf_counter() - start, stopped_by, figures)
+    run.stopped(step, checkpoint)
+    _finish(run, step, first_step, stopped_by, figures)
     return run_dir
 
 
@@ -200,13 +192,12 @@ def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir:
                         "may change); drop it, or start a new run")
 
 
-def _finish(run_dir: Path, history: list[dict], step: int, first_step: int, wall: float, stopped_by: str,
-            figures: bool) -> None:
-    """history.json, summary.json and the loss curve (unless HETLAB_FIGURES=0)."""
-    write_history(run_dir, history)
-    summary = {"steps": step, "session_steps": step - first_step, "session_wall_s": wall, "stopped_by": stopped_by,
-               "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None}
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+def _finish(run: TrainingRun, step: int, first_step: int, stopped_by: str, figures: bool) -> None:
+    """summary.json, history.json and the loss curve (unless HETLAB_FIGURES=0)."""
+    history = run.history
+    run.finish({"steps": step, "session_steps": step - first_step, "session_wall_s": run.elapsed(),
+                "stopped_by": stopped_by, "first_loss": history[0]["loss"] if history else None,
+                "last_loss": history[-1]["loss"] if history else None})
     if history and figures:
         import matplotlib
 
@@ -218,6 +209,6 @@ def _finish(run_dir: Path, history: list[dict], step: int, first_step: int, wall
         axis.set(xlabel="step", ylabel="L1 loss (normalised actions)", yscale="log", title="Phase A")
         axis.grid(alpha=0.3)
         figure.tight_layout()
-        with atomic_path(run_dir / "loss.png") as tmp:
+        with atomic_path(run.run_dir / "loss.png") as tmp:
             figure.savefig(tmp, dpi=120, format="png")
         plt.close(figure)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +39,7 @@ from hetlab.imitation.run_files import (RUN_KIND, config_from_json, load_run, lo
                                         run_render_quality, changed_option, tracker_from_json)
 from hetlab.imitation.schedule import check_schedule, learning_rate
 from hetlab.aloha.record import CAMERA_KEY
-from hetlab.checkpoint import load_checkpoint, save_checkpoint
+from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import ACTION, STATE
 from hetlab.devices import OPTIMIZER_OPTIONS, autocast_for, cpu_count, pick_device
 from hetlab.errors import UserError
@@ -54,14 +53,12 @@ from hetlab.offload.fidelity import (CALIBRATION_EPISODES, CALIBRATION_FRAMES, H
                                      evenly_spaced_frames)
 from hetlab.offload.prefetch import Prefetcher
 from hetlab.offload.quantise import QuantiseConfig
-from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import record_launch
 from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
-from hetlab.stop_signals import resume_with, stop_guard
-from hetlab.train.loggers import (TrackedRun, TrackerOptions, close_loggers, flat_options, make_loggers,
-                                  require_logger)
+from hetlab.train.loggers import TrackedRun, TrackerOptions, flat_options, require_logger
+from hetlab.train.run_layer import TrainingRun
 
 DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
@@ -295,14 +292,12 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     visual = model.visual.to(torch_device)
     expert = new_action_expert(model.cfg, cfg.seed, model.action_expert).to(torch_device).train()
     optimizer = torch.optim.AdamW(expert.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **OPTIMIZER_OPTIONS)
-    history = []
     if state is not None:
         if "optimizer" not in state:
             raise UserError(f"{cfg.resume}: its checkpoint has no optimizer state, so it cannot continue exactly; "
                             "train the condition again")
         load_weights(expert, state["action_expert"], cfg.resume)
         optimizer.load_state_dict(state["optimizer"])
-        history = [row for row in read_history(run_dir) if row["step"] <= first_step]
     cache_info = None
     if cfg.condition == "cache":
         cache_dir = Path(cfg.from_run) / "offload" / f"cache-{cfg.cache_dtype}-{cfg.train_episodes}"
@@ -333,24 +328,20 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     window = []
     reset_peak_memory(torch_device)
     sampler = PowerSampler(meters, interval=cfg.power_interval, unavailable=unavailable)
+    run = TrainingRun(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)),
+                      f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}", first_step=first_step,
+                      last_step=cfg.steps, checkpoint_every=cfg.checkpoint_every, max_seconds=cfg.max_seconds,
+                      row_steps=lambda row: row["step"], clock="wall_s")
     step, stopped_by = first_step, "steps"
-    wall_offset = history[-1]["wall_s"] if history else 0.0  # the loss curve's clock goes on across launches
     job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps, completed=step) \
         if progress is not None else None
-    sampler.start()
-    started = time.perf_counter()
 
     def checkpoint() -> None:
-        write_history(run_dir, history)  # first: a kill between the two leaves rows a resume drops, none lost
-        save_checkpoint(run_dir, step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(),
-                                        "step": step})
-        resume_with(f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}")
+        run.checkpoint(step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
 
-    loggers, failed = [], True
-    try:  # the sampler stops and the loggers close whatever fails
-        loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, cfg.runs_dir, flat_options(cfg), metrics=("train/loss",)))
-        with stop_guard() as interrupted, \
-                Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
+    sampler.start()
+    try:  # the sampler stops whatever fails; the run closes its loggers
+        with run, Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
             while True:
                 with learner.span("wait_data"):
                     prepared = prefetcher.get()
@@ -393,30 +384,28 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                 step += 1
                 if step % 10 == 0 or step == cfg.steps:
                     row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
-                           "wall_s": wall_offset + time.perf_counter() - started}
-                    history.append(row)
-                    for logger in loggers:
-                        logger.scalars({"train/loss": row["loss"], "train/lr": row["lr"]}, step)
+                           "wall_s": run.run_clock()}
+                    run.log(row, {"train/loss": row["loss"], "train/lr": row["lr"]}, step)
                     window = []
                 if job is not None:
                     progress.update(job, completed=step)
-                if step % cfg.checkpoint_every == 0:
+                if run.checkpoint_due(step):
                     checkpoint()
-                if interrupted.is_set() or (cfg.max_seconds and time.perf_counter() - started >= cfg.max_seconds):
-                    stopped_by = "interrupted" if interrupted.is_set() else "max_seconds"
+                stop = run.stop_reason()
+                if stop is not None:
+                    stopped_by = stop
                     break
-        failed = False
     finally:
-        wall = time.perf_counter() - started
+        wall = run.elapsed()
         sampler.stop()
-        close_loggers(loggers, failed)
-    checkpoint()
+    run.stopped(step, checkpoint)
     samples = (step - first_step) * cfg.batch  # this launch's: time, power and memory are measured over it
     energy = sampler.report()
     summary = {
         "condition": cfg.condition, "seed": cfg.seed, "steps": step, "first_step": first_step, "samples": samples,
         "stopped_by": stopped_by, "wall_s": wall, "samples_per_s": samples / wall,
-        "first_loss": history[0]["loss"] if history else None, "last_loss": history[-1]["loss"] if history else None,
+        "first_loss": run.history[0]["loss"] if run.history else None,
+        "last_loss": run.history[-1]["loss"] if run.history else None,
         "breakdown_s": timeline.summary(),
         "encoder": _describe_encoder(cfg, backend,
                                      f"{device.torch_device} ({device.name})"),
@@ -425,8 +414,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         "peak_memory": dataclasses.asdict(peak_memory(torch_device)),
         "cache": cache_info,
     }
-    write_history(run_dir, history)
-    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    run.finish(summary)
     if figures:
         timeline.plot(run_dir / "timeline.png", f"Phase B, {cfg.condition}, seed {cfg.seed}")
     return run_dir

@@ -27,7 +27,7 @@ import numpy as np
 from hetlab.assets import motion_clip_path, scene_xml
 from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
-from hetlab.tasks.g1 import DEFAULT_POSE, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
+from hetlab.tasks.g1 import DEFAULT_POSE, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.motion_clip import load_motion_clip, read_motion_clip
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from hetlab.algos.contract import Algorithm
-from hetlab.checkpoint import checkpoint_dir, save_checkpoint
+from hetlab.checkpoint import checkpoint_dir
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import LocalPolicy, TransitionCollectorSpec, fresh_episodes, run_transition_collector
 from hetlab.runtime.inference_server import InferenceServer
@@ -32,7 +31,6 @@ from hetlab.runtime.pool import CollectorJob, CollectorPool
 from hetlab.runtime.replay import ReplayBuffer, ReplayStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
-from hetlab.stop_signals import stop_guard
 from hetlab.tasks import task_class
 from hetlab.train.cadence import Cadence
 from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
@@ -61,18 +59,17 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
             snapshot, update_offset = None, updates
 
     episodes = EpisodeWindow()
-    start = time.perf_counter()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
     stopped_by = "max_iterations"
-    with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+    with RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, ReplayBuffer(layout) as replay, ExitStack() as resources, \
             pool:
         timeline = record.timeline
-        cadence = Cadence(cfg, run_dir, torch.device(device.torch_device), physics_threads, videos)
+        cadence = Cadence(cfg, record, torch.device(device.torch_device), physics_threads, videos)
         stager = server = None
 
         def checkpoint() -> None:
-            _checkpoint(run_dir, record, cfg, iteration, updates, algo, replay, stager)
+            _checkpoint(record, cfg, iteration, updates, algo, replay, stager)
 
         try:
             if snapshot is not None:
@@ -118,14 +115,14 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
             metas: list[dict] = []
             metrics: dict[str, float] = {}
             while iteration < cfg.max_iterations:
-                if cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds:
+                if record.stop_reason() == "max_seconds":
                     stopped_by = "max_seconds"
                     break
                 with learner.span("wait_data"):
-                    staged = pool.next_staged(stager, interrupted,
+                    staged = pool.next_staged(stager, record.interrupted,
                                               check=server.raise_if_failed if server is not None else None)
                 if staged is None:
-                    stopped_by = "interrupted" if interrupted.is_set() else pool.ended_by
+                    stopped_by = record.stop_reason() or pool.ended_by
                     console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
                     break
                 batch, new_metas, transfer = staged
@@ -161,7 +158,7 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                         evaluated = cadence.evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 vector_steps = stager.vector_steps
-                wall = time.perf_counter() - start
+                wall = record.elapsed()
                 terms = [meta["reward_terms"] for meta in metas]
                 returns = episodes.row()
                 record.log({
@@ -186,9 +183,9 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                 if stop is not None:
                     stopped_by = stop
                     break
-            cadence.stopped(iteration, stopped_by, checkpoint)
+            record.stopped(iteration, checkpoint)
         finally:
-            wall = time.perf_counter() - start
+            wall = record.elapsed()
             for thread in (stager, server):
                 if thread is not None:
                     thread.stop()
@@ -198,15 +195,14 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
     record.finish(wall, stopped_by, session_steps)
 
 
-def _checkpoint(run_dir: Path, record: RunRecord, cfg, iteration: int, updates: int, algo, replay: ReplayBuffer,
+def _checkpoint(record: RunRecord, cfg, iteration: int, updates: int, algo, replay: ReplayBuffer,
                 stager: ReplayStager) -> None:
     # Holding the stager keeps it from reading commits, so the collectors, blocked on the
     # bounded queue, cannot overwrite the rows being saved.
-    with stager.hold(), record.checkpointing():
+    with stager.hold():
         steps = stager.snapshot_steps()
-        save_checkpoint(
-            run_dir, iteration, {"iteration": iteration, "updates": updates, "algo": algo.state_dict(),
-                                 "replay_steps": steps},
-            write_extra=(lambda directory: replay.save(directory / "replay", steps)) if cfg.off_policy.save_replay else None,
+        record.checkpoint(
+            iteration, {"iteration": iteration, "updates": updates, "algo": algo.state_dict(), "replay_steps": steps},
             keep=cfg.keep_checkpoints,
+            write_extra=(lambda directory: replay.save(directory / "replay", steps)) if cfg.off_policy.save_replay else None,
         )

@@ -12,13 +12,11 @@ memory is unlinked; a run that was not failed writes its summary, trace and plot
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import torch
 
 from hetlab.algos.contract import OnPolicyAlgorithm
-from hetlab.checkpoint import save_checkpoint
 from hetlab.devices import LearnerDevice
 from hetlab.runtime.collector import CollectorSpec, fresh_episodes, run_collector
 from hetlab.runtime.pool import CollectorJob, CollectorPool
@@ -26,7 +24,6 @@ from hetlab.runtime.rollout_ring import RolloutRing
 from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
-from hetlab.stop_signals import stop_guard
 from hetlab.train.cadence import Cadence
 from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
 from hetlab.train.video import PolicyVideos
@@ -42,17 +39,16 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
-    start = time.perf_counter()
     stopped_by = "max_iterations"
-    with stop_guard() as interrupted, RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
+    with RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, \
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
             WeightBroadcast(algo.actor.state_dict()) as weights, pool:
         timeline = record.timeline
-        cadence = Cadence(cfg, run_dir, torch.device(device.torch_device), physics_threads, videos)
+        cadence = Cadence(cfg, record, torch.device(device.torch_device), physics_threads, videos)
 
         def checkpoint() -> None:
-            _checkpoint(run_dir, record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
+            _checkpoint(record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
 
         stager = None
         try:
@@ -75,13 +71,13 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
             stager.start()
             learner = SpanRecorder()
             while iteration < cfg.max_iterations:
-                if cfg.max_seconds and time.perf_counter() - start >= cfg.max_seconds:
+                if record.stop_reason() == "max_seconds":
                     stopped_by = "max_seconds"
                     break
                 with learner.span("wait_data"):
-                    staged = pool.next_staged(stager, interrupted)
+                    staged = pool.next_staged(stager, record.interrupted)
                 if staged is None:
-                    stopped_by = "interrupted" if interrupted.is_set() else pool.ended_by
+                    stopped_by = record.stop_reason() or pool.ended_by
                     console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
                     break
                 batch, metas = staged
@@ -103,7 +99,7 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
                         evaluated = cadence.evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
                 steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
-                wall = time.perf_counter() - start
+                wall = record.elapsed()
                 returns = episodes.row()
                 record.log({
                     "iteration": iteration,
@@ -125,22 +121,20 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
                     stopped_by = stop
                     break
         finally:
-            wall = time.perf_counter() - start  # the run's own time, before the shutdown below
+            wall = record.elapsed()  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()
             pool.stop(ring.drain_one)
-    cadence.stopped(iteration, stopped_by, checkpoint)
+    record.stopped(iteration, checkpoint)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
 
 
-def _checkpoint(run_dir: Path, record: RunRecord, iteration: int, algo, collector_states: list, sync: bool,
-                keep: int) -> None:
+def _checkpoint(record: RunRecord, iteration: int, algo, collector_states: list, sync: bool, keep: int) -> None:
     # The collectors' states match the learner's at a sync run's iteration boundaries (also
     # when it stops early); an async run resumes from fresh episodes instead.
     exact = sync and all(state is not None for state in collector_states)
-    with record.checkpointing():
-        save_checkpoint(run_dir, iteration, {
-            "iteration": iteration,
-            "algo": algo.state_dict(),
-            "collectors": collector_states if exact else [None] * len(collector_states),
-        }, keep=keep)
+    record.checkpoint(iteration, {
+        "iteration": iteration,
+        "algo": algo.state_dict(),
+        "collectors": collector_states if exact else [None] * len(collector_states),
+    }, keep=keep)

@@ -1,13 +1,11 @@
-"""A training run's directory and record, shared by the on- and off-policy loops.
+"""An RL run's record, shared by the on- and off-policy loops, on the run layer (run_layer.py).
 
 `RunRecord` is what a loop writes into: per iteration a row to the loggers (TensorBoard, and
 the tracker --logger names: see loggers.py) and a console line, the policy videos of
---video-every as they come, at every checkpoint history.json (so a crash keeps the rows up to its
-last checkpoint), and at the end summary.json, the Chrome trace and the plots. A resumed launch continues the record of
-the earlier ones — rows, wall-clock time, time breakdown, trace — so resuming never shrinks
-what a run has written. A run that a stop signal ended (`hetlab.stop_signals.stop_guard`: the
-loops stop at an iteration boundary, where a checkpoint is consistent) names the command that
-resumes it (`resume_command`).
+--video-every as they come, at every checkpoint history.json, and at the end summary.json, the
+Chrome trace and the plots. A resumed launch continues the record of the earlier ones — rows,
+wall-clock time, time breakdown, trace — and a run that a stop signal ended names the command
+that resumes it (`resume_command`).
 """
 
 from __future__ import annotations
@@ -16,18 +14,16 @@ import json
 import shlex
 import statistics
 from collections import defaultdict, deque
-from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 
 from hetlab.errors import UserError
 from hetlab.figures import figures_wanted
-from hetlab.files import atomic_path, write_text_atomic
+from hetlab.files import atomic_path
 from hetlab.measure.timeline import Timeline
-from hetlab.stop_signals import resume_with
-from hetlab.run_history import read_history, write_history
-from hetlab.train.loggers import PolicyVideo, TrackedRun, close_loggers, flat_options, make_loggers
+from hetlab.train.loggers import PolicyVideo, TrackedRun, flat_options
+from hetlab.train.run_layer import TrainingRun
 
 console = Console()
 
@@ -77,29 +73,28 @@ def resume_command(cfg, run_dir: Path) -> str:
     return shlex.join(["hetlab", "train", "--resume", str(run_dir), *(["--ray", cfg.ray] if cfg.ray else [])])
 
 
-class RunRecord:
-    """The files of `run_dir` that describe the run, continued from its earlier launches when
-    resuming at `first_iteration` (rows from that iteration on are dropped: this launch logs them
-    again). summary.json's `sessions` has one entry per launch of `hetlab train` on the run."""
+class RunRecord(TrainingRun):
+    """An RL run's record on the run layer (run_layer.py), continued from its earlier launches when
+    resuming at `first_iteration`: its console line, reward terms and videos, the time breakdown
+    and trace of every launch, and summary.json's `sessions` (one entry per launch of `hetlab train`)."""
 
     def __init__(self, run_dir: Path, cfg, first_iteration: int = 0):
-        self.run_dir, self.cfg = run_dir, cfg
-        self.first_iteration = first_iteration
+        super().__init__(TrackedRun(cfg.tracker, run_dir, Path(cfg.runs_dir), hyperparameters(cfg),
+                                    metrics=("train/mean_return", "eval/return")),
+                         resume_command(cfg, run_dir), first_step=first_iteration, last_step=cfg.max_iterations,
+                         checkpoint_every=cfg.checkpoint_every, max_seconds=cfg.max_seconds,
+                         row_steps=lambda row: row["iteration"] + 1, clock="wall_seconds")
+        self.cfg, self.first_iteration = cfg, first_iteration
         # Rows of runs from before the column was named for what it is (a return) say mean_reward.
         self.history = [{("mean_return" if key == "mean_reward" else key): value for key, value in row.items()}
-                        for row in read_history(run_dir) if row["iteration"] < first_iteration]
-        self._earlier_rows = len(self.history)
+                        for row in self.history]
         previous = _read_json(run_dir / "summary.json", {}) if first_iteration else {}
         self.sessions: list[dict] = previous.get("sessions", [])
-        # Wall-clock time goes on from where the rows kept stop, so the reward curve stays one line.
-        self.wall_offset = self.history[-1]["wall_seconds"] if self.history else 0.0
         self.timeline = Timeline()
         if first_iteration:
             self.timeline.continue_from(previous.get("time_breakdown_s", {}), previous.get("iterations", 0),
                                         _read_json(run_dir / "trace.json", {}).get("traceEvents", []))
         self.figures = figures_wanted()
-        self.loggers = make_loggers(TrackedRun(cfg.tracker, run_dir, Path(cfg.runs_dir), hyperparameters(cfg),
-                                               metrics=("train/mean_return", "eval/return")))
 
     def log(self, row: dict, reward_terms: dict[str, float]) -> None:
         """An iteration's row (its wall_seconds counted within this launch; env_steps_per_s the
@@ -111,8 +106,6 @@ class RunRecord:
         row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"], "iteration_env_steps_per_s": own_rate}
         scalars = {f"reward_terms/{name}": value for name, value in reward_terms.items()}
         scalars |= {key if "/" in key else f"train/{key}": value for key, value in row.items() if key != "iteration"}
-        for logger in self.loggers:
-            logger.scalars(scalars, row["env_steps"])
         console.print(
             f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
             f"return {row['mean_return']:8.3f} | "
@@ -123,36 +116,12 @@ class RunRecord:
             + (f" | eval return {row['eval/return']:8.3f}" if "eval/return" in row else ""),
             highlight=False, soft_wrap=True,
         )
-        self.history.append(row)
+        super().log(row, scalars, row["env_steps"])
 
     def log_video(self, video: PolicyVideo) -> None:
         for logger in self.loggers:
             logger.video(video)
         console.print(f"video of iteration {video.iteration}: {video.path}", highlight=False, soft_wrap=True)
-
-    @property
-    def session_rows(self) -> list[dict]:
-        """The rows this launch logged."""
-        return self.history[self._earlier_rows:]
-
-    def save_history(self) -> None:
-        write_history(self.run_dir, self.history)
-
-    @contextmanager
-    def checkpointing(self):
-        """Around a checkpoint's save: the history first — a process killed between the two leaves rows
-        the older checkpoint's resume drops and logs again, where the other order would leave a
-        checkpoint whose rows are lost — and after it the command that continues from it, named for
-        a stop signal or a full disk to print (`hetlab.stop_signals.resume_with`)."""
-        self.save_history()
-        yield
-        resume_with(resume_command(self.cfg, self.run_dir))
-
-    def __enter__(self) -> RunRecord:
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        close_loggers(self.loggers, failed=exc_type is not None)
 
     def finish(self, wall: float, stopped_by: str, session_steps: int) -> dict:
         """summary.json (the whole run, and each launch), history.json, the Chrome trace and the
@@ -187,8 +156,7 @@ class RunRecord:
         }
         if history and "updates" in history[-1]:  # off-policy
             summary |= {"updates": history[-1]["updates"], "updates_per_s": history[-1]["updates_per_s"]}
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-        self.save_history()
+        super().finish(summary)
         self.timeline.write_chrome_trace(self.run_dir / "trace.json")
         if history and self.figures:
             self.timeline.plot(self.run_dir / "time_breakdown.png", f"{cfg.task} {cfg.algo} ({cfg.resolved_mode})")
