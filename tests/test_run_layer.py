@@ -30,11 +30,9 @@ def run_steps(run: TrainingRun, until: int | None = None, signal_at: int | None 
         while step < run.last_step:
             step += 1
             run.log({"step": step, "loss": 1.0 / step, "wall_s": run.run_clock()}, {"train/loss": 1.0 / step}, step)
-            if run.checkpoint_due(step):
-                run.checkpoint(step, {"step": step})
             if step == signal_at:
                 os.kill(os.getpid(), signal.SIGTERM)
-            stop = run.stop_reason()
+            stop = run.after_step(step, lambda: run.checkpoint(step, {"step": step}))
             if stop is not None or step == until:
                 stopped_by = stop or "until"
                 break

@@ -164,9 +164,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                             step)
                     progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
                     window_start, window_losses = now, []
-                if run.checkpoint_due(step):
-                    checkpoint()
-                stop = run.stop_reason()
+                stop = run.after_step(step, checkpoint)
                 if stop is not None:
                     stopped_by = stop
                     break

@@ -389,9 +389,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                     window = []
                 if job is not None:
                     progress.update(job, completed=step)
-                if run.checkpoint_due(step):
-                    checkpoint()
-                stop = run.stop_reason()
+                stop = run.after_step(step, checkpoint)
                 if stop is not None:
                     stopped_by = stop
                     break

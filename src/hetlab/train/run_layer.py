@@ -95,6 +95,12 @@ class TrainingRun:
         save_checkpoint(self.run_dir, step, state, write_extra=write_extra, keep=keep)
         resume_with(self.resume_command)
 
+    def after_step(self, step: int, checkpoint: Callable[[], None]) -> str | None:
+        """At a step boundary: the checkpoint the cadence asks for, then the reason to stop now, if any."""
+        if self.checkpoint_due(step):
+            checkpoint()
+        return self.stop_reason()
+
     def stopped(self, step: int, checkpoint: Callable[[], None]) -> None:
         """A run that stopped where its cadence wrote no checkpoint writes one there."""
         if not self.checkpoint_due(step):
