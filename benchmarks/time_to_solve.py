@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,10 +59,12 @@ def cpu_model() -> str:
 
 
 def run_seed(seed: int) -> dict:
-    train = subprocess.run(
-        [*HETLAB, "train", "--task", args.task, "--until-solved", "--seed", str(seed), "--max-iterations", "100000000",
-         "--max-seconds", str(args.budget_minutes * 60), "--runs-dir", args.runs_dir, *args.extra],
-        check=True, capture_output=True, text=True)
+    command = [*HETLAB, "train", "--task", args.task, "--until-solved", "--seed", str(seed), "--max-iterations",
+               "100000000", "--max-seconds", str(args.budget_minutes * 60), "--runs-dir", args.runs_dir, *args.extra]
+    train = subprocess.run(command, capture_output=True, text=True)
+    # A run a stop signal ended (128 + INT, TERM or HUP) has stopped with a checkpoint: judge that one too.
+    if train.returncode not in (0, 128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
+        raise subprocess.CalledProcessError(train.returncode, command, train.stdout, train.stderr)
     run_dir = Path(train.stdout.splitlines()[0])
     evaluate = [*HETLAB, "eval", str(run_dir), "--json"]
     if args.eval_sim_dt is not None:
@@ -113,13 +116,16 @@ report = {"task": args.task, "budget_minutes": args.budget_minutes,
 (OUT / f"time_to_solve-{args.task}.json").write_text(json.dumps(report, indent=2))
 
 criteria = results[0]["final_eval"]["criteria"]
-fig, axes = plt.subplots(1, len(criteria), figsize=(max(6.4, 4.2 * len(criteria)), 3.4), squeeze=False)
-for ax, criterion in zip(axes[0], criteria):
+# Beside the criteria, the evaluation episodes' length: what moves while survival is still 0.
+panels = [*criteria, {"metric": "episode_length", "threshold": None}]
+fig, axes = plt.subplots(1, len(panels), figsize=(max(6.4, 4.2 * len(panels)), 3.4), squeeze=False)
+for ax, criterion in zip(axes[0], panels):
     for result in results:
         rows = result["evaluations"]
         ax.plot([row["wall_seconds"] / 60 for row in rows], [row[f"eval/{criterion['metric']}"] for row in rows],
                 "o-", label=f"seed {result['seed']}")
-    ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
+    if criterion["threshold"] is not None:
+        ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
     ax.set_xlabel("wall-clock minutes")
     ax.set_title(criterion["metric"])
     ax.grid(alpha=0.3)
