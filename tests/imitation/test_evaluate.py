@@ -14,7 +14,7 @@ from hetlab.imitation.evaluate import ChunkPolicy, EvalConfig, eval_env, evaluat
 from hetlab.measure.stats import wilson_interval
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PRESETS, PhaseAConfig
-from hetlab.imitation.run_files import read_run_config
+from hetlab.imitation.run_files import ARActorRun, read_run_config
 from hetlab.cli import main
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
 from hetlab.errors import UserError
@@ -60,11 +60,11 @@ def test_seeds_the_run_trained_on_are_refused_unless_memorisation_is_asked_for(r
 def test_evaluation_renders_at_the_runs_size_and_render_quality(run):
     config = read_run_config(run)
     assert config["render_quality"] == "fast"  # the tiny recording's
-    env = eval_env(config)
+    env = eval_env(ARActorRun.from_json(config, run))
     assert (env.height, env.width, env.render_quality) == (*config["image_size"], "fast")
     # Runs from before the setting were recorded at the scene's own quality.
     older = {key: value for key, value in config.items() if key != "render_quality"}
-    assert eval_env(older).render_quality == "high"
+    assert eval_env(ARActorRun.from_json(older, run)).render_quality == "high"
 
 
 def test_wilson_interval_against_the_formula():

@@ -19,7 +19,7 @@ import hetlab.imitation.phase_a as phase_a
 from hetlab.imitation.data import batch_indices, random_shift
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PRESETS, PhaseAConfig
-from hetlab.imitation.run_files import RUN_KIND, load_policy, load_weights
+from hetlab.imitation.run_files import RUN_KIND, load_policy, load_weights, read_run
 from hetlab.imitation.schedule import learning_rate
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot_writer import DatasetSpec, LeRobotWriter
@@ -73,8 +73,10 @@ def test_loss_falls_and_the_checkpoint_acts(tiny_aloha_dataset, tmp_path, figure
     assert config["kind"] == RUN_KIND and config["image_size"] == [TINY.height, TINY.width]
     assert config["render_quality"] == "fast"  # the recording's, which evaluation renders at
     assert config["phase_a"]["steps"] == steps
-    model, loaded_config = load_policy(run)
-    assert loaded_config == config and not model.training
+    model, loaded = load_policy(run)
+    assert not model.training
+    assert (loaded.phase, loaded.model, loaded.image_size, loaded.render_quality, loaded.options) == \
+        ("A", model.cfg, (TINY.height, TINY.width), "fast", config["phase_a"])
     # Trained from scratch (no ImageNet weights), the backbone's batch norm is trained too.
     assert model.cfg == dataclasses.replace(TINY.model, backbone_norm="batch")
     saved = model_weights(run)
@@ -248,6 +250,10 @@ def test_load_policy_refuses_what_is_not_an_ar_actor_run(tmp_path):
         load_policy(tmp_path)
     with pytest.raises(UserError, match="not a run directory"):
         train_phase_a(PhaseAConfig(resume=tmp_path / "absent"))
+    # An AR-Actor run whose config.json lost an entry (edited by hand, or written by another version).
+    (tmp_path / "config.json").write_text(json.dumps({"kind": RUN_KIND, "phase": "A", "image_size": [64, 96]}))
+    with pytest.raises(UserError, match=r"config.json does not hold what an AR-Actor run records \(KeyError\('model'\)\)"):
+        read_run(tmp_path)
 
 
 def test_load_weights_names_another_model_size(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from hetlab.imitation.data import batch_indices, open_dataset
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PhaseAConfig
-from hetlab.imitation.run_files import run_render_quality
+from hetlab.imitation.run_files import ARActorRun
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
@@ -83,8 +83,8 @@ def test_cache_condition_reproduces_the_learner_only_batches(phase_a_run, learne
     summary = json.loads((run / "summary.json").read_text())
     cache = FeatureCache(Path(phase_a_run) / "offload" / "cache-fp16-0-1", summary["cache"]["key"])
     model, config, _ = frozen_encoder(phase_a_run)
-    dataset = open_dataset(Path(config["phase_a"]["dataset"]), "0-1", tuple(config["image_size"]), model.cfg.chunk,
-                           f"Phase-A run {phase_a_run}", run_render_quality(config))
+    dataset = open_dataset(config.dataset(), "0-1", config.image_size, model.cfg.chunk,
+                           f"Phase-A run {phase_a_run}", config.render_quality)
     indices = batch_indices(1, 8, len(dataset), 2000)
     items = [dataset[int(i)] for i in indices]
     images = torch.stack([item[CAMERA_KEY] for item in items]).float() / 255
@@ -128,14 +128,15 @@ def test_the_new_expert_trains_at_the_phase_a_rate_unless_told_falling_over_the_
 
 def test_the_schedule_comes_from_the_phase_a_run_where_the_command_line_gives_none(phase_a_run):
     config = json.loads((phase_a_run / "config.json").read_text())
-    decaying = {**config, "phase_a": {**config["phase_a"], "lr": 3e-4, "lr_decay": 0.25}}
+    decaying = ARActorRun.from_json({**config, "phase_a": {**config["phase_a"], "lr": 3e-4, "lr_decay": 0.25}},
+                                    phase_a_run)
     cfg = PhaseBConfig(from_run=phase_a_run)
     assert (with_phase_a_schedule(cfg, decaying).lr, with_phase_a_schedule(cfg, decaying).lr_decay) == (3e-4, 0.25)
     given = with_phase_a_schedule(PhaseBConfig(from_run=phase_a_run, lr=1e-5, lr_decay=0.0), decaying)
     assert (given.lr, given.lr_decay) == (1e-5, 0.0)
     # Older Phase-A runs stored only a rate that was asked for, and no decay: the preset's rate, constant.
-    older = {**config, "phase_a": {key: value for key, value in config["phase_a"].items() if key != "lr_decay"}}
-    older["phase_a"]["lr"] = None
+    older_options = {key: value for key, value in config["phase_a"].items() if key != "lr_decay"}
+    older = ARActorRun.from_json({**config, "phase_a": {**older_options, "lr": None}}, phase_a_run)
     assert (with_phase_a_schedule(cfg, older).lr, with_phase_a_schedule(cfg, older).lr_decay) == (1e-3, 0.0)
 
 

@@ -12,7 +12,7 @@ from hetlab.aloha.record import RecordConfig, record
 from hetlab.imitation.evaluate import ChunkPolicy, eval_env, load_eval_policy, run_episode
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PhaseAConfig
-from hetlab.imitation.run_files import read_run_config
+from hetlab.imitation.run_files import read_run
 
 JUDGED_STEPS = (700, 800, 900, 1000)
 
@@ -24,7 +24,7 @@ def test_a_policy_trained_on_one_episode_replays_it_in_closed_loop(tmp_path):
                                      loader_workers=0, keep_checkpoints=0, runs_dir=tmp_path / "runs"))
     # What an evaluation worker runs (hetlab.imitation.evaluate), in this process: four worker
     # starts would add ~7 s.
-    env = eval_env(read_run_config(run))
+    env = eval_env(read_run(run))
     rewards = {step: run_episode(env, ChunkPolicy(load_eval_policy(run, step), replan_every=0), seed=0)["max_reward"]
                for step in JUDGED_STEPS}
     # Reward > 0: the right gripper went to the cube and touched it. Whether one checkpoint of a

@@ -12,7 +12,7 @@ import pytest
 
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PhaseAConfig
-from hetlab.imitation.run_files import read_run_config
+from hetlab.imitation.run_files import read_run
 from hetlab.dir_lock import exclusive_writer
 from hetlab.errors import UserError
 from hetlab.imitation.phase_b import train_phase_b
@@ -138,7 +138,7 @@ def test_a_condition_cut_short_continues_from_its_checkpoint(phase_a_run, tmp_pa
     cfg = StudyConfig(from_run=phase_a_run, conditions="learner", seeds="2000", steps=4, eval_seeds="2000",
                       eval_workers=1, eval_max_steps=2, train_episodes="0-1", calibration_episodes="0",
                       heldout_episodes="1", fidelity=False, out=tmp_path / "study")
-    phase_b, _, run_dir = condition_run(cfg, read_run_config(phase_a_run), cfg.out, "learner", 2000, cfg.quantise)
+    phase_b, _, run_dir = condition_run(cfg, read_run(phase_a_run), cfg.out, "learner", 2000, cfg.quantise)
     # The run the study would start, stopped by its time budget after its first step.
     train_phase_b(dataclasses.replace(phase_b, out=run_dir, max_seconds=1e-9))
     cut = json.loads((run_dir / "summary.json").read_text())

@@ -27,10 +27,9 @@ from hetlab.datasets.lerobot import episode_seeds
 from hetlab.errors import UserError
 from hetlab.files import write_text_atomic
 from hetlab.imitation.config import Decode, EvalConfig
-from hetlab.imitation.run_files import load_policy, read_run_config, run_render_quality
+from hetlab.imitation.run_files import ARActorRun, load_policy, read_run
 from hetlab.imitation.phase_b import load_phase_b_policy
 from hetlab.measure.stats import wilson_interval
-from hetlab.policies.ar_actor import ARActorConfig
 from hetlab.runtime.workers import WorkerPool
 from hetlab.seeds import parse_seeds
 
@@ -74,21 +73,19 @@ class ChunkPolicy:
 def load_eval_policy(run_dir: Path, step: int | None = None):
     """A run's policy as trained (newest checkpoint, or `step`'s): Phase A's whole model, or Phase B's
     encoder path + new expert."""
-    if read_run_config(run_dir)["phase"] == "B":
+    if read_run(run_dir).phase == "B":
         return load_phase_b_policy(run_dir, step)
     return load_policy(run_dir, step)[0]
 
 
-def training_seeds(config: dict, more_episodes: str | None = None) -> set[int] | None:
+def training_seeds(run: ARActorRun, more_episodes: str | None = None) -> set[int] | None:
     """The environment seeds of the episodes a run (and, for Phase B, its Phase-A run) trained on,
     with `more_episodes` of the same dataset; None when the dataset is gone or does not record them."""
-    runs = [config]
-    if config["phase"] == "B":
-        runs.insert(0, read_run_config(Path(config["phase_b"]["from_run"])))
-    dataset = Path(runs[0]["phase_a"]["dataset"])
-    if not dataset.is_dir():
+    runs = [run] if run.phase == "A" else [run.phase_a_run(), run]
+    dataset = runs[0].dataset()
+    if dataset is None or not dataset.is_dir():
         return None
-    lists = [run[f"phase_{run['phase'].lower()}"]["train_episodes"] for run in runs] + [more_episodes or ""]
+    lists = [each.train_episodes for each in runs] + [more_episodes or ""]
     episodes = {e for text in lists if text for e in parse_seeds(text, "--train-episodes")}
     seeds = set(episode_seeds(dataset, sorted(episodes)).values())
     return None if None in seeds else seeds
@@ -103,10 +100,10 @@ def check_seeds_held_out(seeds: list[int], trained_on: set[int] | None, option: 
                         f"held out; evaluate on others (e.g. 2000-2049){otherwise}")
 
 
-def eval_env(config: dict) -> AlohaTransferCube:
+def eval_env(run: ARActorRun) -> AlohaTransferCube:
     """The task as a run's images were made: its image size and render quality."""
-    height, width = config["image_size"]
-    return AlohaTransferCube(height=height, width=width, render_quality=run_render_quality(config))
+    height, width = run.image_size
+    return AlohaTransferCube(height=height, width=width, render_quality=run.render_quality)
 
 
 def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_frames: list | None = None) -> dict:
@@ -127,7 +124,7 @@ def run_episode(env, policy, seed: int, max_steps: int = EPISODE_STEPS, video_fr
 class _EpisodeRunner:
     """An evaluation worker's state: the policy and a renderer, made once, and what to record."""
 
-    def __init__(self, run: Path, step: int, config: dict, replan_every: int, temporal_ensemble: float | None,
+    def __init__(self, run: Path, step: int, config: ARActorRun, replan_every: int, temporal_ensemble: float | None,
                  decode: Decode, max_steps: int, video_seeds: set[int], video_dir: Path):
         torch.set_num_threads(1)  # one worker per core
         self.policy = ChunkPolicy(load_eval_policy(run, step), replan_every, temporal_ensemble, decode)
@@ -147,12 +144,12 @@ class _EpisodeRunner:
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Evaluate; writes results.json (and videos) and returns it."""
     seeds = parse_seeds(cfg.seeds)
-    config = read_run_config(cfg.run)  # checks the run before any process starts
-    if cfg.replan_every < 0 or cfg.replan_every > config["model"]["chunk"]:
-        raise UserError(f"--replan-every must be in 0..{config['model']['chunk']} (the chunk), got {cfg.replan_every}")
+    config = read_run(cfg.run)  # checks the run before any process starts
+    if cfg.replan_every < 0 or cfg.replan_every > config.model.chunk:
+        raise UserError(f"--replan-every must be in 0..{config.model.chunk} (the chunk), got {cfg.replan_every}")
     if cfg.temporal_ensemble is not None and cfg.temporal_ensemble < 0:
         raise UserError(f"--temporal-ensemble must be ≥ 0 (ACT uses 0.01), got {cfg.temporal_ensemble}")
-    if cfg.decode == "parallel" and (masked_share := ARActorConfig(**config["model"]).max_history_mask) < 1:
+    if cfg.decode == "parallel" and (masked_share := config.model.max_history_mask) < 1:
         raise UserError(f"--decode parallel masks every history input, which {cfg.run} never saw in training "
                         f"(max_history_mask {masked_share}); use --decode autoregressive")
     if cfg.videos < 0:
@@ -182,7 +179,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     per_seed.sort(key=lambda r: r["seed"])
     successes = sum(r["success"] for r in per_seed)
     low, high = wilson_interval(successes, len(per_seed))
-    replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config["model"]["chunk"])
+    replan_every = cfg.replan_every or (1 if cfg.temporal_ensemble is not None else config.model.chunk)
     report = {"run": str(cfg.run), "step": step, "seeds": cfg.seeds, "replan_every": replan_every,
               "temporal_ensemble": cfg.temporal_ensemble, "decode": cfg.decode, "max_steps": cfg.max_steps,
               "held_out": held_out,

@@ -65,7 +65,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         saved = read_phase_a_config(run_dir, "--resume continues a Phase-A run")
         held.enter_context(exclusive_writer(run_dir, "run"))
         state = load_checkpoint(run_dir)
-        restored = config_from_json(saved, run_dir)
+        restored = config_from_json(saved["phase_a"], run_dir)
         refuse_changed_options(cfg, restored, run_dir)
         # Options left unset keep the run's values (a run that keeps every checkpoint goes on doing
         # so); the time budget is each launch's own.

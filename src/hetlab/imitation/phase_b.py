@@ -35,8 +35,8 @@ import torch
 
 from hetlab.imitation.config import CACHE_DTYPES
 from hetlab.imitation.data import batch_indices, dropout_seed, open_dataset, step_generator
-from hetlab.imitation.run_files import (RUN_KIND, config_from_json, load_run, load_weights, read_run_config,
-                                        run_render_quality, changed_option, tracker_from_json)
+from hetlab.imitation.run_files import (RUN_KIND, ARActorRun, changed_option, load_run, load_weights, read_run,
+                                        tracker_from_json)
 from hetlab.imitation.schedule import check_schedule, learning_rate
 from hetlab.aloha.record import CAMERA_KEY
 from hetlab.checkpoint import load_checkpoint
@@ -119,10 +119,10 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
     check_schedule(cfg.lr, cfg.lr_decay)
 
 
-def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: dict) -> PhaseBConfig:
-    """`cfg` with the learning rate and its decay the Phase-A run `phase_a` (its config.json) trained
-    with, where the command line gave none."""
-    own = config_from_json(phase_a, Path(cfg.from_run)).resolved  # older runs stored only the rates asked for
+def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: ARActorRun) -> PhaseBConfig:
+    """`cfg` with the learning rate and its decay the Phase-A run `phase_a` trained with, where the
+    command line gave none."""
+    own = phase_a.phase_a_options().resolved  # older runs stored only the rates asked for
     return dataclasses.replace(cfg, lr=own.lr if cfg.lr is None else cfg.lr,
                                lr_decay=own.lr_decay if cfg.lr_decay is None else cfg.lr_decay)
 
@@ -130,11 +130,11 @@ def with_phase_a_schedule(cfg: PhaseBConfig, phase_a: dict) -> PhaseBConfig:
 def resumed_config(cfg: PhaseBConfig) -> PhaseBConfig:
     """The resumed run's own config with the command line's RESUMABLE_OPTIONS; UserError if the
     command line asks for another value of any other option."""
-    config = read_run_config(cfg.resume)
-    if config.get("phase") != "B":
-        raise UserError(f"{cfg.resume} is a Phase-{config.get('phase')} run; resume it with --phase "
-                        f"{config.get('phase')}, or pass a Phase-B run to --phase B --resume")
-    saved = _config_from_json(config["phase_b"])
+    run = read_run(cfg.resume)
+    if run.phase != "B":
+        raise UserError(f"{cfg.resume} is a Phase-{run.phase} run; resume it with --phase {run.phase}, or pass a "
+                        "Phase-B run to --phase B --resume")
+    saved = _config_from_json(run.options)
     changed = changed_option(cfg, saved, RESUMABLE_OPTIONS)
     if changed is not None:
         flag, asked, own = changed
@@ -157,15 +157,15 @@ def new_action_expert(model_cfg: ARActorConfig, seed: int, phase_a_expert: Actio
     return expert
 
 
-def frozen_encoder(run_dir: Path) -> tuple[ARActor, dict, int]:
+def frozen_encoder(run_dir: Path) -> tuple[ARActor, ARActorRun, int]:
     """The Phase-A model with its visual encoder frozen (eval mode: no dropout, fixed norms)."""
-    config, state = load_run(run_dir)
-    if config.get("phase") != "A":
-        raise UserError(f"{run_dir}: Phase B starts from a Phase-A run; this one is phase {config.get('phase')}")
-    model = ARActor(ARActorConfig(**config["model"]))
+    run, state = load_run(run_dir)
+    if run.phase != "A":
+        raise UserError(f"{run_dir}: Phase B starts from a Phase-A run; this one is phase {run.phase}")
+    model = ARActor(run.model)
     load_weights(model, state["model"], run_dir)
     model.visual.eval().requires_grad_(False)
-    return model, config, state["step"]
+    return model, run, state["step"]
 
 
 class PhaseBPolicy:
@@ -188,8 +188,8 @@ class PhaseBPolicy:
 def load_phase_b_policy(run_dir: Path, step: int | None = None) -> PhaseBPolicy:
     """A Phase-B run's policy on the CPU (its newest checkpoint, or `step`'s), with the offload path
     it was trained with (the cache condition acts with the FP32 encoder its cache was built from)."""
-    config, state = load_run(run_dir, step)
-    cfg = _config_from_json(config["phase_b"])
+    run, state = load_run(run_dir, step)
+    cfg = _config_from_json(run.options)
     model, _, _ = frozen_encoder(cfg.from_run)
     expert = ActionExpert(model.cfg)
     load_weights(expert, state["action_expert"], run_dir)
@@ -213,14 +213,14 @@ def _backend(cfg: PhaseBConfig, model: ARActor, learner_device: torch.device = t
     for ONNX Runtime (unset: its own default); None when the learner runs the whole encoder."""
     if cfg.boundary == 0:
         return None
-    phase_a = read_run_config(cfg.from_run)
-    image_size = tuple(phase_a["image_size"])
+    phase_a = read_run(cfg.from_run)
+    image_size = phase_a.image_size
     backend = make_backend(cfg.offload_device, cfg.boundary, image_size, Path(cfg.from_run) / "offload",
                            precision=cfg.offload_precision, quantise=cfg.quantise, threads=threads,
                            learner_device=learner_device)
     calibration = None
     if cfg.offload_precision == "int8":
-        calibration = evenly_spaced_frames(Path(phase_a["phase_a"]["dataset"]), _episodes(cfg.calibration_episodes),
+        calibration = evenly_spaced_frames(phase_a.dataset(), _episodes(cfg.calibration_episodes),
                                            CALIBRATION_FRAMES, image_size)
     backend.prepare(model.visual, calibration)
     return backend
@@ -267,9 +267,9 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                         "to train it further")
     device = pick_device(cfg.device)
     torch_device = torch.device(device.torch_device)
-    height, width = phase_a["image_size"]
-    dataset = open_dataset(Path(phase_a["phase_a"]["dataset"]), cfg.train_episodes, (height, width), model.cfg.chunk,
-                           f"Phase-A run {cfg.from_run}", run_render_quality(phase_a))
+    height, width = phase_a.image_size
+    dataset = open_dataset(phase_a.dataset(), cfg.train_episodes, (height, width), model.cfg.chunk,
+                           f"Phase-A run {cfg.from_run}", phase_a.render_quality)
     meters, unavailable = _meters(cfg)
     # Made (exported, calibrated) before the run exists, so a missing provider or bad calibration
     # episodes stop here. It runs in the producer thread; learner-only encodes in its own step.
@@ -282,8 +282,8 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         cfg.runs_dir / RUN_KIND / f"{datetime.now():%Y%m%d-%H%M%S-%f}-B-{cfg.condition}-s{cfg.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.json", json.dumps(
-        {"kind": RUN_KIND, "phase": "B", "model": phase_a["model"], "image_size": phase_a["image_size"],
-         "render_quality": run_render_quality(phase_a),
+        {"kind": RUN_KIND, "phase": "B", "model": dataclasses.asdict(phase_a.model),
+         "image_size": list(phase_a.image_size), "render_quality": phase_a.render_quality,
          "phase_b": json.loads(json.dumps(dataclasses.asdict(dataclasses.replace(cfg, resume=None)), default=str))},
         indent=2))
     record_launch(run_dir, device.torch_device, device.name)

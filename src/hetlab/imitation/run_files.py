@@ -1,9 +1,10 @@
-"""An AR-Actor run's files (Phase A or B), read with one-line errors: its config.json, its options, the
-render quality of its images, its checkpoints and the weights they hold."""
+"""An AR-Actor run's files (Phase A or B), read with one-line errors: its config.json as an `ARActorRun`
+(the model, the images, the phase's options), its checkpoints and the weights they hold."""
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,56 @@ def read_run_config(run_dir: Path) -> dict:
         kind = f"kind {config['kind']!r}" if "kind" in config else "a run of `hetlab train`"
         raise UserError(f"{run_dir}: not an AR-Actor run ({kind}); pass runs/{RUN_KIND}/<timestamp>")
     return config
+
+
+@dataclass(frozen=True)
+class ARActorRun:
+    """What a Phase-A or Phase-B run's config.json records, read once (`read_run`)."""
+
+    run_dir: Path
+    phase: str  # "A" or "B"
+    model: ARActorConfig
+    image_size: tuple[int, int]  # height, width of its images
+    render_quality: str  # of its images ("high" for runs from before the setting)
+    options: dict  # the phase's own, as recorded: `phase_a_options()`; phase_b.py reads Phase B's
+
+    @classmethod
+    def from_json(cls, config: dict, run_dir: Path) -> ARActorRun:
+        try:
+            phase = config["phase"]
+            return cls(Path(run_dir), phase, ARActorConfig(**config["model"]), tuple(config["image_size"]),
+                       run_render_quality(config), config[f"phase_{phase.lower()}"])
+        except (KeyError, TypeError, AttributeError) as e:  # an edited file, or one another hetlab version wrote
+            raise UserError(f"{Path(run_dir) / 'config.json'} does not hold what an AR-Actor run records ({e!r}); "
+                            "restore it from a copy of the run, or start a new run") from e
+
+    @property
+    def from_run(self) -> Path | None:
+        """The Phase-A run whose encoder a Phase-B run froze (None for a Phase-A run)."""
+        return Path(self.options["from_run"]) if self.phase == "B" else None
+
+    @property
+    def train_episodes(self) -> str:
+        return self.options["train_episodes"]
+
+    def phase_a_run(self) -> ARActorRun:
+        """The Phase-A run: this one, or the one a Phase-B run came from."""
+        return self if self.phase == "A" else read_run(self.from_run)
+
+    def dataset(self) -> Path | None:
+        """The demonstrations the Phase-A run trained on (None: the run does not name them)."""
+        dataset = self.phase_a_run().options.get("dataset")
+        return Path(dataset) if dataset is not None else None
+
+    def phase_a_options(self) -> PhaseAConfig:
+        """The options of the Phase-A run (this one, or the one a Phase-B run came from)."""
+        phase_a = self.phase_a_run()
+        return config_from_json(phase_a.options, phase_a.run_dir)
+
+
+def read_run(run_dir: Path) -> ARActorRun:
+    """A Phase-A or Phase-B run's config.json, typed, without loading its weights."""
+    return ARActorRun.from_json(read_run_config(run_dir), run_dir)
 
 
 def read_phase_a_config(run_dir: Path, needs: str) -> dict:
@@ -45,12 +96,12 @@ def run_render_quality(config: dict) -> str:
     return config.get("render_quality", "high")
 
 
-def config_from_json(config: dict, run_dir: Path) -> PhaseAConfig:
-    """The options a Phase-A run's config.json records."""
+def config_from_json(recorded: dict, run_dir: Path) -> PhaseAConfig:
+    """The options a Phase-A run's config.json records (its "phase_a" entry)."""
     paths = {"dataset", "imagenet_weights", "runs_dir", "resume"}
     before_options = {"lr_decay": 0.0, "image_shift": 0}  # how runs from before these options trained
     try:
-        options = before_options | config["phase_a"]
+        options = before_options | recorded
         if "tracker" in options:  # runs from before the option logged to TensorBoard alone
             options["tracker"] = tracker_from_json(options["tracker"])
         return PhaseAConfig(**{k: Path(v) if k in paths and v is not None else v for k, v in options.items()})
@@ -89,18 +140,18 @@ def tracker_from_json(saved: dict) -> TrackerOptions:
     return TrackerOptions(**{**saved, "tags": tuple(saved.get("tags", ()))})
 
 
-def load_run(run_dir: Path, step: int | None = None) -> tuple[dict, dict]:
+def load_run(run_dir: Path, step: int | None = None) -> tuple[ARActorRun, dict]:
     """(config.json, newest checkpoint or the one of `step`) of a Phase-A or Phase-B run."""
-    return read_run_config(run_dir), load_checkpoint(Path(run_dir), step)
+    return read_run(run_dir), load_checkpoint(Path(run_dir), step)
 
 
-def load_policy(run_dir: Path, step: int | None = None) -> tuple[ARActor, dict]:
+def load_policy(run_dir: Path, step: int | None = None) -> tuple[ARActor, ARActorRun]:
     """A Phase-A run's trained AR-Actor (eval mode, CPU) at its newest checkpoint or `step`, and its config."""
-    config = read_phase_a_config(run_dir, "this reads a Phase-A run's whole model")
+    run = ARActorRun.from_json(read_phase_a_config(run_dir, "this reads a Phase-A run's whole model"), run_dir)
     state = load_checkpoint(Path(run_dir), step)
-    model = ARActor(ARActorConfig(**config["model"]))
+    model = ARActor(run.model)
     load_weights(model, state["model"], run_dir)
-    return model.eval(), config
+    return model.eval(), run
 
 
 def load_weights(model: torch.nn.Module, weights: dict, source: Path) -> None:

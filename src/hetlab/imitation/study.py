@@ -39,7 +39,7 @@ from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_s
 from hetlab.datasets.lerobot import load_info
 from hetlab.imitation.data import check_recording
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b, with_phase_a_schedule
-from hetlab.imitation.run_files import load_policy, read_run_config, run_render_quality
+from hetlab.imitation.run_files import ARActorRun, load_policy, read_run
 from hetlab.imitation.schedule import check_schedule
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
@@ -122,12 +122,12 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     entries = study_conditions(conditions, cache_dtypes_of(cfg.cache_dtypes))
     check_held_out(parse_seeds(cfg.calibration_episodes, "--calibration-episodes"),
                    parse_seeds(cfg.heldout_episodes, "--heldout-episodes"))
-    phase_a = read_run_config(cfg.from_run)  # a clear error now rather than in the first subprocess
+    phase_a = read_run(cfg.from_run)  # a clear error now rather than in the first subprocess
     # The report calls the evaluation seeds held out: neither phase may have trained on them.
     check_seeds_held_out(parse_seeds(cfg.eval_seeds, "--eval-seeds"), training_seeds(phase_a, cfg.train_episodes),
                          "--eval-seeds")
     check_schedule(cfg.lr, cfg.lr_decay)
-    chunk = phase_a["model"]["chunk"]
+    chunk = phase_a.model.chunk
     if not 0 <= cfg.eval_replan_every <= chunk:
         raise UserError(f"--eval-replan-every must be in 0..{chunk} (the chunk), got {cfg.eval_replan_every}")
     if not 1 <= cfg.eval_max_steps <= EPISODE_STEPS:
@@ -137,7 +137,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
     quantise = cfg.quantise
     if any(condition.startswith("L") for condition in conditions):
         # As each offloaded run's backend will decide it (a missing offload device fails here, too).
-        quantise = make_backend(cfg.offload_device, 1, tuple(phase_a["image_size"]), from_run / "offload",
+        quantise = make_backend(cfg.offload_device, 1, phase_a.image_size, from_run / "offload",
                                 precision="int8", quantise=cfg.quantise).quantise
     wanted_eval = {"seeds": cfg.eval_seeds, "max_steps": cfg.eval_max_steps,
                    "replan_every": cfg.eval_replan_every or chunk}
@@ -150,7 +150,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                 phase_b, wanted, run_dir = condition_run(cfg, phase_a, out, condition, seed, quantise, cache_dtype)
                 # A run cut short (Ctrl-C, a crash, --max-seconds) continues from its last checkpoint.
                 started = _finished(run_dir / "checkpoint.json", wanted,
-                                    lambda: run_settings(read_run_config(run_dir)["phase_b"]))
+                                    lambda: run_settings(read_run(run_dir).options))
                 summary = run_dir / "summary.json"
                 if not (started and summary.is_file() and json.loads(summary.read_text())["steps"] >= cfg.steps):
                     job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
@@ -176,10 +176,10 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
         return write_study_report(out, {"runs": runs, "fidelity": measured})
 
 
-def condition_run(cfg: StudyConfig, phase_a: dict, out: Path, condition: str, seed: int, quantise: QuantiseConfig,
-                  cache_dtype: str = "fp16") -> tuple[PhaseBConfig, dict, Path]:
-    """The Phase-B run the study trains for a condition and seed from the Phase-A run `phase_a` (its
-    config.json), the settings that shape its results, and its directory (named by them)."""
+def condition_run(cfg: StudyConfig, phase_a: ARActorRun, out: Path, condition: str, seed: int,
+                  quantise: QuantiseConfig, cache_dtype: str = "fp16") -> tuple[PhaseBConfig, dict, Path]:
+    """The Phase-B run the study trains for a condition and seed from the Phase-A run `phase_a`, the
+    settings that shape its results, and its directory (named by them)."""
     phase_b = PhaseBConfig(from_run=Path(cfg.from_run).resolve(), condition=condition, seed=seed, steps=cfg.steps,
                            lr=cfg.lr, lr_decay=cfg.lr_decay, train_episodes=cfg.train_episodes,
                            calibration_episodes=cfg.calibration_episodes, offload_device=cfg.offload_device,
@@ -222,11 +222,10 @@ def phase_a_fidelity(run_dir: Path, boundaries, dataset: Path | None = None, *,
     """`fidelity` of a Phase-A run's encoder on its own dataset (or `dataset`); the INT8 prefixes
     go to RUN/offload, where Phase B finds them."""
     check_held_out(calibration_episodes, heldout_episodes)  # before the model is loaded
-    model, config = load_policy(Path(run_dir))
-    dataset = dataset or config["phase_a"].get("dataset")
+    model, run = load_policy(Path(run_dir))
+    dataset = dataset or run.dataset()
     if dataset is None:
         raise UserError(f"{run_dir}: the run does not name its dataset; pass the cube-transfer dataset (--dataset)")
-    check_recording(load_info(Path(dataset)), Path(dataset), tuple(config["image_size"]), run_render_quality(config),
-                    f"run {run_dir}")
-    return fidelity(model.visual, tuple(config["image_size"]), Path(run_dir) / "offload", dataset, boundaries,
+    check_recording(load_info(Path(dataset)), Path(dataset), run.image_size, run.render_quality, f"run {run_dir}")
+    return fidelity(model.visual, run.image_size, Path(run_dir) / "offload", dataset, boundaries,
                     calibration_episodes=calibration_episodes, heldout_episodes=heldout_episodes, **options)

@@ -23,7 +23,8 @@ from hetlab.measure.stats import paired_difference_interval, wilson_interval
 from hetlab.devices import pick_device
 from hetlab.errors import UserError
 from hetlab.files import atomic_path, write_text_atomic
-from hetlab.policies.ar_actor import ARActor, ARActorConfig, parameter_split
+from hetlab.imitation.run_files import ARActorRun, read_run
+from hetlab.policies.ar_actor import ARActor, parameter_split
 
 FIDELITY_GOAL = 0.9975  # INT8-vs-FP32 cosine of an offloaded boundary's output
 CACHE_SPEEDUP_GOAL = 10.0  # feature-cache samples/s over learner-only
@@ -58,7 +59,7 @@ class Run:
 
     condition: str
     seed: int
-    config: dict  # config.json
+    config: ARActorRun  # its config.json
     summary: dict
     results: dict
 
@@ -85,7 +86,9 @@ def load_runs(study: dict) -> dict[str, list[Run]]:
                         f"{', '.join(missing)}; run `hetlab offload study` again to finish them")
     runs: dict[str, list[Run]] = {}
     for (condition, seed), files in paths.items():
-        runs.setdefault(condition, []).append(Run(condition, seed, *(json.loads(path.read_text()) for path in files)))
+        config, summary, results = files
+        runs.setdefault(condition, []).append(Run(condition, seed, read_run(config.parent),
+                                                  *(json.loads(path.read_text()) for path in (summary, results))))
     return runs
 
 
@@ -98,7 +101,7 @@ def write_study_report(out: Path, study: dict) -> Path:
     sections = [
         introduction(runs),
         runs_section(runs),
-        model_split(ARActor(ARActorConfig(**next(iter(runs.values()))[0].config["model"]))),
+        model_split(ARActor(next(iter(runs.values()))[0].config.model)),
         conditions_table(runs),
         time_section(runs, out / TIME_FIGURE),
         energy_section(runs, out / ENERGY_FIGURE),
@@ -117,7 +120,7 @@ def write_study_report(out: Path, study: dict) -> Path:
 
 def made_with(run: Run) -> dict[str, str]:
     """{setting as the report names it: its value} for the settings this run has, from its own files."""
-    phase_b, results = run.config["phase_b"], run.results
+    phase_b, results = run.config.options, run.results
     settings = {"Phase-A run": f"`{phase_b['from_run']}`", "steps": str(phase_b["steps"]),
                 "batch": str(phase_b["batch"]), "training episodes": phase_b["train_episodes"]}
     decay = phase_b.get("lr_decay", 0.0)  # runs from before the option trained at a constant rate
@@ -194,7 +197,7 @@ def introduction(runs: dict[str, list[Run]]) -> str:
              "made with, from its own files.")
     stopped = [f"{condition} seed {run.seed} stopped after {run.summary['steps']} steps ({run.summary['stopped_by']})"
                for condition, condition_runs in runs.items() for run in condition_runs
-               if run.summary["steps"] != run.config["phase_b"]["steps"]]
+               if run.summary["steps"] != run.config.options["steps"]]
     if stopped:
         text += " Not every run reached its steps: " + "; ".join(stopped) + "."
     if differing:
