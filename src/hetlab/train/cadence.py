@@ -23,7 +23,7 @@ class Cadence:
         # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
         self.evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, device, cfg.task_options,
                                              physics_threads) if cfg.eval_every else None
-        best = read_best(record.run_dir)
+        best = read_best(self.run_dir)
         self.best_return = best["eval/return"] if best else -math.inf
 
     def evaluates(self, iteration: int) -> bool:

@@ -84,7 +84,7 @@ class RunRecord(TrainingRun):
                          resume_command(cfg, run_dir), first_step=first_iteration, last_step=cfg.max_iterations,
                          checkpoint_every=cfg.checkpoint_every, max_seconds=cfg.max_seconds,
                          row_steps=lambda row: row["iteration"] + 1, clock="wall_seconds")
-        self.cfg, self.first_iteration = cfg, first_iteration
+        self.cfg = cfg
         # Rows of runs from before the column was named for what it is (a return) say mean_reward.
         self.history = [{("mean_return" if key == "mean_reward" else key): value for key, value in row.items()}
                         for row in self.history]
@@ -128,7 +128,7 @@ class RunRecord(TrainingRun):
         figures (unless HETLAB_FIGURES=0); `session_steps`: env steps collected in this launch."""
         cfg, history = self.cfg, self.history
         session = {
-            "first_iteration": self.first_iteration,
+            "first_iteration": self.first_step,
             "iterations": len(self.session_rows),
             "env_steps": session_steps,
             "wall_seconds": wall,
