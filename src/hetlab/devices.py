@@ -118,30 +118,33 @@ class ThreadBudget:
     torch: int  # torch intra-op threads on the learner side
 
 
-def thread_budget(device: LearnerDevice, physics_threads: int = 0, overlap: bool = False) -> ThreadBudget:
+def thread_budget(device: LearnerDevice, physics_threads: int = 0, overlap: bool = False,
+                  torch_threads: int = 0) -> ThreadBudget:
     """Split the cores so physics and torch threads do not oversubscribe them.
 
     With an accelerator the learner only launches kernels: one torch thread is enough and
     physics gets every core. A CPU learner that takes turns with physics (`overlap=False`,
     sync collection) gets every core too, since only one of them is busy at a time; one
     that runs at the same time as physics (async) gets half the cores and physics the rest.
-    `physics_threads` > 0 asks for an explicit physics count, which must fit the cores.
+    `physics_threads` and `torch_threads` > 0 ask for explicit counts (`hetlab tune` picks them),
+    each of which must fit the cores.
     """
     cores = cpu_count()
-    if physics_threads < 0:
-        raise UserError(f"--threads must be ≥ 0 (0 = all {cores} cores), got {physics_threads}")
-    if physics_threads > cores:
-        raise UserError(
-            f"--threads {physics_threads} exceeds the {cores} CPU cores available; use at most {cores}"
-        )
-    if device.is_accelerator:
-        torch_threads = 1
+    for option, count in (("--threads", physics_threads), ("--torch-threads", torch_threads)):
+        if count < 0:
+            raise UserError(f"{option} must be ≥ 0 (0 = the thread budget's share of the {cores} cores), got {count}")
+        if count > cores:
+            raise UserError(f"{option} {count} exceeds the {cores} CPU cores available; use at most {cores}")
+    if torch_threads:
+        default_torch = torch_threads
+    elif device.is_accelerator:
+        default_torch = 1
     elif overlap:
-        torch_threads = max(1, cores // 2)
+        default_torch = max(1, cores // 2)
     else:
-        torch_threads = cores
-    default_physics = max(1, cores - torch_threads) if overlap and not device.is_accelerator else cores
-    return ThreadBudget(cores=cores, physics=physics_threads or default_physics, torch=torch_threads)
+        default_torch = cores
+    default_physics = max(1, cores - default_torch) if overlap and not device.is_accelerator else cores
+    return ThreadBudget(cores=cores, physics=physics_threads or default_physics, torch=default_torch)
 
 
 def apply_thread_budget(budget: ThreadBudget) -> None:

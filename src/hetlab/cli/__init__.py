@@ -21,7 +21,7 @@ from hetlab.stop_signals import handled, named_resume
 DESCRIPTION = "Train robot policies with each stage on the device that suits it."
 # Every command in the order `hetlab --help` lists them: name → the module of hetlab.cli defining it
 # under that name (a command function, or a Group of subcommands).
-COMMANDS = {"info": "rl", "tasks": "rl", "train": "train", "eval": "rl", "export": "rl", "play": "rl", "bench": "rl",
+COMMANDS = {"info": "rl", "tasks": "rl", "train": "train", "tune": "rl", "eval": "rl", "export": "rl", "play": "rl", "bench": "rl",
             "offload": "offload", "aloha": "aloha"}
 
 

@@ -161,6 +161,55 @@ def export(cfg: Annotated[ExportConfig, tyro.conf.arg(name="")]) -> None:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    task: str = "go1-joystick-flat"  # the run to tune: `hetlab train --task T`, with its recipe where it has one
+    algo: str = ""  # "" = the task's recipe's, else ppo (on-policy algorithms only)
+    envs: int = 0  # 0 = the run's (the recipe's or the CPU-sized default)
+    device: str = "auto"  # learner device, as `hetlab train --device`
+    seconds: float = 90.0  # of probing: the stages alone, then two settings end to end
+    # the TOML `hetlab train --config` takes; it is also cached, where `hetlab train --tune` finds it
+    out: Path | None = None
+    json: bool = False  # print the result as JSON
+
+
+def tune(cfg: Annotated[TuneConfig, tyro.conf.arg(name="")] = TuneConfig()) -> None:
+    """Measure this machine's stages and pick a run's collectors, physics and torch threads (writes TOML for --config)."""
+    from rich.table import Table
+
+    from hetlab.train.tune import cache_path, run_to_tune, tune as measure, write_tuned
+
+    run_cfg, device = run_to_tune(cfg.task, cfg.algo, cfg.envs, cfg.device)
+    say = (lambda line: None) if cfg.json else (lambda line: console().print(line, highlight=False, soft_wrap=True))
+    say(f"tuning {run_cfg.task}, {run_cfg.algo}, {run_cfg.envs} envs, {run_cfg.resolved_mode}, learner {device.name}")
+    result = measure(run_cfg, device, cfg.seconds, say)
+    files = [cache_path(run_cfg, device)] + ([cfg.out] if cfg.out else [])
+    for file in files:
+        write_tuned(file, result, run_cfg)
+    if cfg.json:
+        print_json({"chosen": result.chosen.options, "defaults": result.defaults.options,
+                    "predicted": [{**s.options, "env_steps_per_s": v} for s, v in result.predicted.items()],
+                    "measured": [{**s.options, "env_steps_per_s": v} for s, v in result.measured.items()],
+                    "alternatives": result.alternatives, "machine": result.machine, "seconds": result.seconds,
+                    "files": [str(file) for file in files]})
+        return
+    table = Table(title=f"{run_cfg.task}: env-steps/s")
+    for column in ("collectors", "physics threads each", "torch threads", "predicted", "measured", ""):
+        table.add_column(column, justify="right")
+    for setting, rate in sorted(result.predicted.items(), key=lambda item: -item[1]):
+        measured = result.measured.get(setting)
+        notes = ["chosen"] * (setting == result.chosen) + ["hand defaults"] * (setting == result.defaults)
+        table.add_row(str(setting.collectors), str(setting.physics_threads), str(setting.torch_threads), f"{rate:,.0f}",
+                      "" if measured is None else f"{measured:,.0f}", ", ".join(notes))
+    console().print(table)
+    gain = result.measured[result.chosen] / result.measured[result.defaults]
+    say(f"chosen: {result.chosen}, {gain:.2f}× the hand defaults measured end to end ({result.seconds:.0f} s of probing)")
+    for option, rate in result.alternatives.items():
+        say(f"{option} would give about {rate:,.0f} env-steps/s (predicted), and changes what the run learns: "
+            "give it yourself if you want it")
+    say("written: " + ", ".join(str(file) for file in files) + "; `hetlab train --tune` or --config FILE uses it")
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     run_dir: Annotated[Path, tyro.conf.Positional, tyro.conf.arg(metavar="RUN_DIR")]  # written by `hetlab train`
     # an iteration of a kept checkpoint (RUN_DIR/checkpoints), best (the best evaluation, --eval-every) or latest

@@ -83,6 +83,10 @@ class TrainConfig:
     # at it; see hetlab.train.device_defaults); off: the accelerator-sized defaults everywhere.
     scale_defaults: bool = True
     threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
+    torch_threads: int = 0  # the learner's torch threads; 0 = the thread budget's
+    # collectors, physics and torch threads from `hetlab tune` for this machine and run (measured on first use,
+    # then cached); options given beside it win
+    tune: bool = False
     horizon: int = 24  # env steps per rollout (off-policy: per iteration)
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)
     max_iterations: int = 1000  # iterations to train; a resumed run counts its earlier ones

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from collections.abc import Mapping
 from contextlib import ExitStack
 from datetime import datetime
@@ -34,6 +35,7 @@ from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_valu
                                  with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.recipes import RECIPES
+from hetlab.train.tune import with_tuned_setting
 from hetlab.train.loggers import require_logger
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
@@ -43,11 +45,12 @@ from hetlab.train.video import check_rendering
 # resumed from an older checkpoint goes. Everything else is the run's own; a launch that gives
 # another value is refused.
 RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "until_solved", "device", "threads",
+                     "torch_threads",
                      "checkpoint_every", "keep_checkpoints", "eval_every", "eval_envs", "video_every", "resume",
                      "runs_dir", "ray", "ray_pool.max_restarts")
 # Of those, the ones that say where this launch runs take its values, given or not; the others keep
 # the run's own unless given (a resume with no budget keeps the run's budget).
-LAUNCH_OPTIONS = ("device", "threads", "resume", "runs_dir", "ray")
+LAUNCH_OPTIONS = ("device", "threads", "torch_threads", "resume", "runs_dir", "ray")
 
 
 def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
@@ -63,6 +66,9 @@ def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
 def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     """`train` holding, in `held`, the lock of the run directory it writes."""
     resume_state, branch_of, launch = None, None, cfg
+    if cfg.resume and "tune" in given:
+        raise UserError("--tune picks the collectors of a new run, and a resumed run keeps its own; give --threads "
+                        "or --torch-threads to change where it runs")
     if cfg.resume:
         run_dir = Path(cfg.resume)
         chosen = checkpoint_dir(run_dir, cfg.checkpoint)
@@ -80,9 +86,16 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     device = pick_device(cfg.device)
     cfg, sources, from_recipe, scaled = resolved(launch, given, device, Path(cfg.resume) if resume_state else None)
     validate(cfg)
+    tuned = {}
+    if cfg.tune and resume_state is None:  # before the run directory, whose path is stdout's first line
+        cfg, tuned, tuned_file = with_tuned_setting(cfg, given, device,
+                                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+        sources |= dict.fromkeys(tuned, "tune")
+        validate(cfg)
     if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
         raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
                         "AVX512_BF16 or AMX); train without it")
+    budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync", torch_threads=cfg.torch_threads)
     figures_wanted()  # a bad HETLAB_FIGURES fails here, before the run starts, not at its end
     require_logger(cfg.logger)
     if cfg.video_every:
@@ -108,8 +121,10 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
             print(recipe_line(cfg.task, from_recipe), flush=True)
         if scaled:
             print(scaled_line(scaled), flush=True)
+        if tuned:
+            options = " ".join(f"--{cli_name(option)} {value}" for option, value in tuned.items())
+            print(f"tuned for this machine: {options} ({tuned_file})", flush=True)
 
-        budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync")
         apply_thread_budget(budget)
         physics_threads = max(1, budget.physics // cfg.collectors)
         algo = cfg.build_algorithm(torch.device(device.torch_device))
