@@ -76,16 +76,20 @@ class StageRates:
 
 def candidates(envs: int, cores: int, mode: str, accelerator: bool) -> list[Setting]:
     """Every setting worth predicting: collector counts that split `envs` evenly, physics threads
-    in powers of two, all within the cores. Sync: the learner takes the cores while the collectors
-    wait (one thread where it only launches an accelerator's kernels). Async on a CPU learner:
-    physics and torch threads share the cores."""
+    and torch threads in powers of two and all the cores, within the cores. Sync: the learner has the
+    cores while the collectors wait, though small networks may update faster on fewer threads; a
+    learner on an accelerator only launches kernels, on one thread. Async on a CPU learner: physics
+    and torch threads share the cores."""
     settings = []
     for collectors in _powers_of_two(cores):
         if envs % collectors:
             continue
         for threads in _powers_of_two(cores // collectors):
-            if mode == "sync" or accelerator:
-                settings.append(Setting(collectors, threads, 1 if accelerator else cores))
+            if accelerator:
+                settings.append(Setting(collectors, threads, 1))
+            elif mode == "sync":
+                settings += [Setting(collectors, threads, torch_threads)
+                             for torch_threads in sorted({*_powers_of_two(cores), cores})]
             else:
                 settings += [Setting(collectors, threads, torch_threads)
                              for torch_threads in range(1, cores - collectors * threads + 1)]
