@@ -72,9 +72,10 @@ summary = {"task": cfg.task, "algo": cfg.algo, "envs": cfg.envs, "mode": mode, "
            "defaults": defaults.options, "best": best.options,
            "tuned_over_best": None if tuned is None else tuned / medians[best],
            "tuned_over_defaults": None if tuned is None or defaults not in medians else tuned / medians[defaults]}
+over_defaults = summary["tuned_over_defaults"]
 print(f"\ntuned: {result.chosen} ({result.seconds:.0f} s of probing): "
-      + ("not in the grid" if tuned is None else
-         f"{summary['tuned_over_best']:.3f} of the grid's best, {summary['tuned_over_defaults']:.3f}× the hand defaults"))
+      + ("not in the grid" if tuned is None else f"{summary['tuned_over_best']:.3f} of the grid's best, "
+         + ("the hand defaults not in the grid" if over_defaults is None else f"{over_defaults:.3f}× the hand defaults")))
 out = Path("runs/benchmarks") / f"tune_grid-{cfg.task}.json"
 out.parent.mkdir(parents=True, exist_ok=True)
 out.write_text(json.dumps(summary, indent=2))

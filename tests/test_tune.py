@@ -22,7 +22,10 @@ def test_candidates_split_the_envs_evenly_within_the_cores():
     assert {s.collectors for s in sync} == {1, 2}
     assert all(s.collectors * s.physics_threads <= 4 for s in sync)
     assert {s.torch_threads for s in sync} == {1, 2, 4}
-    assert {s.torch_threads for s in candidates(6, 6, "sync", accelerator=False)} == {1, 2, 4, 6}
+    # 6 cores: every count a power of two or all that is left (3 collectors × 2 threads among them).
+    six = candidates(6, 6, "sync", accelerator=False)
+    assert {s.torch_threads for s in six} == {1, 2, 4, 6} and Setting(6, 1, 1) in six
+    assert {s.physics_threads for s in six if s.collectors == 2} == {1, 2, 3}
     # Async on a CPU learner: physics and torch threads share the cores, each side gets one at least.
     assert candidates(128, 2, "async", accelerator=False) == [Setting(1, 1, 1)]
     assert all(s.collectors * s.physics_threads + s.torch_threads <= 4 for s in candidates(128, 4, "async", False))
@@ -42,6 +45,7 @@ def test_sync_adds_the_stages_times_and_async_waits_for_the_slower():
     assert predicted_rate(Setting(1, 1, 1), rates, 100, 10, "async") == pytest.approx(500.0)
 
 
+@pytest.mark.serial  # its end-to-end checks time themselves
 def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache(hetlab_here, tmp_path, monkeypatch):
     monkeypatch.setenv("HETLAB_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tuned.toml"
@@ -50,11 +54,14 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
     result = json.loads(done.stdout)
     measured = {(m["collectors"], m["threads"], m["torch_threads"]): m["env_steps_per_s"] for m in result["measured"]}
     chosen = result["chosen"]
-    # Two settings checked end to end, the hand defaults among them; the faster one chosen.
+    # The hand defaults and the best predicted other setting checked end to end; the faster one chosen.
     assert len(measured) == 2 and tuple(result["defaults"].values()) in measured
+    predicted = {(p["collectors"], p["threads"], p["torch_threads"]): p["env_steps_per_s"] for p in result["predicted"]}
+    other = next(setting for setting in measured if setting != tuple(result["defaults"].values()))
+    assert predicted[other] == max(rate for setting, rate in predicted.items()
+                                   if setting != tuple(result["defaults"].values()))
     assert measured[tuple(chosen.values())] == max(measured.values()) > 0
     assert chosen["threads"] <= cpu_count() and chosen["torch_threads"] <= cpu_count()
-    assert len(result["predicted"]) >= len(candidates(128, cpu_count(), "sync", accelerator=False))
     assert {k: v for k, v in tomllib.loads(out.read_text()).items()} == chosen
     assert [Path(f).parent.name for f in result["files"]] == ["tune", out.parent.name]
 
@@ -78,6 +85,9 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
     (("tune", "--task", "cartpole-balance", "--algo", "sac"), "tuning --algo sac is not available"),
     (("train", "--task", "cartpole-balance", "--tune", "--resume", "runs/x"), "a resumed run keeps its own"),
     (("train", "--task", "cartpole-balance", "--torch-threads", "999"), "exceeds the"),
+    # Refused before any probing: the bad option, not 90 s of tuning, is what the user hears about.
+    (("train", "--task", "cartpole-balance", "--tune", "--torch-threads", "999"), "exceeds the"),
+    (("tune", "--task", "no-such-task"), "unknown task 'no-such-task'"),
 ])
 def test_tune_refuses_bad_input_in_one_line(refusal, args, says, tmp_path):
     assert says in refusal(*args, "--runs-dir" if args[0] == "train" else "--out",

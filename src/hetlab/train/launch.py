@@ -66,7 +66,7 @@ def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
 def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     """`train` holding, in `held`, the lock of the run directory it writes."""
     resume_state, branch_of, launch = None, None, cfg
-    if cfg.resume and "tune" in given:
+    if cfg.resume and cfg.tune:
         raise UserError("--tune picks the collectors of a new run, and a resumed run keeps its own; give --threads "
                         "or --torch-threads to change where it runs")
     if cfg.resume:
@@ -86,12 +86,6 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     device = pick_device(cfg.device)
     cfg, sources, from_recipe, scaled = resolved(launch, given, device, Path(cfg.resume) if resume_state else None)
     validate(cfg)
-    tuned = {}
-    if cfg.tune and resume_state is None:  # before the run directory, whose path is stdout's first line
-        cfg, tuned, tuned_file = with_tuned_setting(cfg, given, device,
-                                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
-        sources |= dict.fromkeys(tuned, "tune")
-        validate(cfg)
     if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
         raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
                         "AVX512_BF16 or AMX); train without it")
@@ -100,6 +94,15 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     require_logger(cfg.logger)
     if cfg.video_every:
         check_rendering()
+    tuned = {}
+    if cfg.tune and resume_state is None:  # last: every one-line refusal comes before the probing
+        # Its progress goes to stderr: stdout's first line is the run directory.
+        cfg, tuned, tuned_file = with_tuned_setting(cfg, given, device,
+                                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+        sources |= dict.fromkeys(tuned, "tune")
+        validate(cfg)
+        budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync",
+                               torch_threads=cfg.torch_threads)
     if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
         done = resume_state["iteration"]
         raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "

@@ -1,10 +1,12 @@
 """`hetlab tune`: measure this machine's stages and pick how a run spreads over its cores.
 
-What it picks leaves what the run learns unchanged: how many collector processes step the run's
-envs (each its share, seeded as always), the physics threads each gets, and the learner's torch
-threads. The envs, the algorithm and its options, the mode and the precision stay the run's own (a
-recipe's among them). What async collection and bf16 would give is measured too and reported,
-for the user to choose, since each changes what the run learns.
+What it picks leaves the algorithm and its data unchanged: how many collector processes step the
+run's envs (each its share), the physics threads each gets, and the learner's torch threads. The
+envs, the algorithm and its options, the mode and the precision stay the run's own (a recipe's
+among them). Each collector seeds its envs and its exploration noise from the run's seed and its
+index, so another collector count draws other random streams: the same algorithm on the same batch
+sizes, not the same trajectory bit for bit. What async collection and bf16 would give is predicted
+and reported, for the user to choose, since each changes what the run learns.
 
 1. The machine: its cores, CPU, ISA and learner device (they and the run's shape key the cache).
 2. The stages, each alone in this process: a collector's step (the task with the actor's
@@ -37,13 +39,17 @@ import torch
 from hetlab.cpu_isa import host_cpu
 from hetlab.devices import LearnerDevice, cpu_count, thread_budget
 from hetlab.errors import UserError
+from hetlab.figures import FIGURES_ENV
 from hetlab.files import write_text_atomic
 from hetlab.run_history import read_history
 
 DEFAULT_SECONDS = 90.0  # of probing, `hetlab train --tune`'s on first use
 MIN_SECONDS = 20.0  # below this the end-to-end checks see too few iterations to compare
-# Options of a run that set its speed besides the tuned ones: they and the machine key the cache.
-SHAPE_OPTIONS = ("task", "motion", "sim_dt", "sim", "envs", "horizon", "mode", "algo", "off_policy")
+# What sets a run's speed besides the tuned options: with the machine and the versions, the cache key.
+SHAPE_OPTIONS = ("task", "motion", "sim_dt", "sim", "envs", "horizon", "ring_slots", "algo")
+ALGO_SHAPE_OPTIONS = ("actor_hidden", "critic_hidden", "num_learning_epochs", "num_mini_batches", "bf16",
+                      "normalize_obs")
+TUNED_OPTIONS = ("collectors", "threads", "torch_threads")
 
 
 @dataclass(frozen=True)
@@ -75,29 +81,29 @@ class StageRates:
 
 
 def candidates(envs: int, cores: int, mode: str, accelerator: bool) -> list[Setting]:
-    """Every setting worth predicting: collector counts that split `envs` evenly, physics threads
-    and torch threads in powers of two and all the cores, within the cores. Sync: the learner has the
-    cores while the collectors wait, though small networks may update faster on fewer threads; a
-    learner on an accelerator only launches kernels, on one thread. Async on a CPU learner: physics
-    and torch threads share the cores."""
+    """Every setting worth predicting: collector counts that split `envs` evenly, physics and torch
+    threads, each count a power of two or all that is left, within the cores. Sync: the learner has
+    the cores while the collectors wait, though small networks may update faster on fewer threads;
+    a learner on an accelerator only launches kernels, on one thread. Async on a CPU learner:
+    physics and torch threads share the cores."""
     settings = []
-    for collectors in _powers_of_two(cores):
+    for collectors in _counts(cores):
         if envs % collectors:
             continue
-        for threads in _powers_of_two(cores // collectors):
+        for threads in _counts(cores // collectors):
             if accelerator:
                 settings.append(Setting(collectors, threads, 1))
             elif mode == "sync":
+                settings += [Setting(collectors, threads, torch_threads) for torch_threads in _counts(cores)]
+            elif cores > collectors * threads:
                 settings += [Setting(collectors, threads, torch_threads)
-                             for torch_threads in sorted({*_powers_of_two(cores), cores})]
-            else:
-                settings += [Setting(collectors, threads, torch_threads)
-                             for torch_threads in range(1, cores - collectors * threads + 1)]
+                             for torch_threads in _counts(cores - collectors * threads)]
     return settings
 
 
-def _powers_of_two(limit: int) -> list[int]:
-    return [2 ** i for i in range(limit.bit_length()) if 2 ** i <= limit]
+def _counts(limit: int) -> list[int]:
+    """1, 2, 4, … up to `limit`, and `limit` itself."""
+    return sorted({*(2 ** i for i in range(limit.bit_length()) if 2 ** i <= limit), limit})
 
 
 def predicted_rate(setting: Setting, rates: StageRates, envs: int, horizon: int, mode: str,
@@ -162,10 +168,12 @@ def probe_update(cfg, device: LearnerDevice, torch_threads: int, precision: str,
 
 def measure_end_to_end(cfg, device: LearnerDevice, setting: Setting, seconds: float, workdir: Path) -> float:
     """Env-steps/s of `hetlab train` with `setting` for `seconds`, in a subprocess: the median of its
-    iterations' rates after the first two (process start-up and first-call costs)."""
+    iterations' rates after the first two (the collectors' start and first-call costs). The check
+    logs nowhere but its own TensorBoard files and stops only at its time budget."""
     from hetlab.train.launch import saved_config
 
-    config = dataclasses.replace(cfg, **setting.options, tune=False)
+    config = dataclasses.replace(cfg, **setting.options, tune=False, logger="tensorboard", run_name="", tags=(),
+                                 group="", target_return=None)
     runs = workdir / f"{setting.collectors}-{setting.physics_threads}-{setting.torch_threads}"
     runs.mkdir()
     config_file = runs / "config.json"
@@ -173,7 +181,7 @@ def measure_end_to_end(cfg, device: LearnerDevice, setting: Setting, seconds: fl
     command = [sys.executable, "-m", "hetlab.cli", "train", "--config", str(config_file), "--runs-dir", str(runs),
                "--max-seconds", f"{seconds:.1f}", "--max-iterations", "1000000", "--eval-every", "0",
                "--video-every", "0", "--no-until-solved", "--checkpoint-every", "1000000", "--keep-checkpoints", "1"]
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, FIGURES_ENV: "0"})
     if done.returncode:
         raise RuntimeError(f"hetlab train with {setting} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     rows = read_history(Path(done.stdout.splitlines()[0]))
@@ -213,11 +221,17 @@ def machine_description(device: LearnerDevice) -> dict[str, object]:
 
 
 def cache_path(cfg, device: LearnerDevice) -> Path:
-    """Where the tuned settings of a run of `cfg`'s shape on this machine are kept: under
+    """Where the tuned setting of a run of `cfg`'s shape on this machine is kept: tune/ under
     $HETLAB_CACHE, else $XDG_CACHE_HOME/hetlab, else ~/.cache/hetlab."""
+    import mujoco
+
+    import hetlab
+
     shape = {name: getattr(cfg, name) for name in SHAPE_OPTIONS}
-    shape["algo_config"] = dataclasses.asdict(cfg.algo_config)
-    key = json.dumps({"machine": machine_description(device), "run": shape}, sort_keys=True, default=str)
+    shape |= {"mode": cfg.resolved_mode, **{name: getattr(cfg.algo_config, name, None) for name in ALGO_SHAPE_OPTIONS}}
+    versions = {"hetlab": hetlab.__version__, "torch": torch.__version__, "mujoco": mujoco.__version__}
+    key = json.dumps({"machine": machine_description(device), "versions": versions, "run": shape}, sort_keys=True,
+                     default=str)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     root = os.environ.get("HETLAB_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hetlab"
     return Path(root) / "tune" / f"{cfg.task}-{cfg.algo}-{digest}.toml"
@@ -233,6 +247,9 @@ def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResu
                         "available: set --collectors, --threads and --torch-threads by hand")
     if cfg.ray is not None:
         raise UserError("hetlab tune measures this machine's cores; a --ray run's collectors are elsewhere")
+    if cfg.sim != "mujoco":  # MotrixSim sizes one thread pool per process: probes in one process cannot vary it
+        raise UserError(f"hetlab tune measures MuJoCo's physics threads; tuning --sim {cfg.sim} is not available: "
+                        "set --collectors, --threads and --torch-threads by hand")
     start = time.perf_counter()
     mode, cores = cfg.resolved_mode, cpu_count()
     settings = candidates(cfg.envs, cores, mode, device.is_accelerator)
@@ -262,7 +279,8 @@ def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResu
     checked = [defaults] + [s for s in ranked if s != defaults][:1]
     measured = {}
     with tempfile.TemporaryDirectory(prefix="hetlab-tune-") as workdir:
-        # Each check's process spends seconds starting (imports, collectors) outside its --max-seconds.
+        # Each check's process spends seconds importing before its --max-seconds starts, and starting
+        # its collectors within it.
         share = (seconds - (time.perf_counter() - start)) / len(checked)
         for setting in checked:
             measured[setting] = measure_end_to_end(cfg, device, setting, max(5.0, 0.6 * share), Path(workdir))
@@ -273,7 +291,7 @@ def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResu
             predicted_rate(s, rates, cfg.envs, cfg.horizon, alternative_mode) for s in others)
     if "bf16" in precisions:
         alternatives[f"--{cfg.algo}.bf16"] = max(predicted_rate(s, rates, cfg.envs, cfg.horizon, mode, "bf16")
-                                                 for s in settings)
+                                                 for s in settings + [defaults])
     return TuneResult(chosen=max(measured, key=measured.get), defaults=defaults, predicted=predicted,
                       measured=measured, mode=mode, alternatives=alternatives,
                       machine=machine_description(device), seconds=time.perf_counter() - start)
@@ -288,7 +306,7 @@ def read_tuned(path: Path) -> dict[str, int]:
     """The options a tuned TOML sets."""
     import tomllib
 
-    return {name: value for name, value in tomllib.loads(path.read_text()).items() if name in Setting(1, 1, 1).options}
+    return {name: value for name, value in tomllib.loads(path.read_text()).items() if name in TUNED_OPTIONS}
 
 
 def with_tuned_setting(cfg, given, device: LearnerDevice, progress=print):
@@ -296,8 +314,10 @@ def with_tuned_setting(cfg, given, device: LearnerDevice, progress=print):
     came from): the cached one for this machine and the run's shape, else tuned now (DEFAULT_SECONDS)
     and cached."""
     path = cache_path(cfg, device)
+    if all(name in given for name in TUNED_OPTIONS):
+        return cfg, {}, path
     if path.is_file():
-        progress(f"tuned setting for this machine and run: {path}")
+        progress(f"tuned setting for this machine and run: {path} (`hetlab tune` measures it again)")
     else:
         progress(f"tuning the run's collectors and threads for this machine (~{DEFAULT_SECONDS:.0f} s, once; "
                  f"cached in {path})")
