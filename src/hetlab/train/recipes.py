@@ -44,7 +44,7 @@ RECIPES: dict[str, Recipe] = {
         # Two cores: 512 envs, smaller networks than rsl_rl's 512-256-128, gentler initial exploration.
         cpu={"envs": 512, "ppo.actor_hidden": (256, 128, 64), "ppo.critic_hidden": (256, 128, 64),
              "ppo.init_noise_std": 0.5},
-        time_to_solve="16–18 min (seeds 1, 0; 2-core AMD EPYC, Zen 5, with AVX-512, no GPU)",
+        time_to_solve="12.5–18 min (seeds 1, 0; 2-core AMD EPYCs, Zen 5, with AVX-512, no GPU)",
     ),
     "g1-walk-flat": Recipe(
         algo="ppo",
