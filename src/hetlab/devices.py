@@ -136,15 +136,15 @@ def thread_budget(device: LearnerDevice, physics_threads: int = 0, overlap: bool
         if count > cores:
             raise UserError(f"{option} {count} exceeds the {cores} CPU cores available; use at most {cores}")
     if torch_threads:
-        default_torch = torch_threads
+        learner_threads = torch_threads
     elif device.is_accelerator:
-        default_torch = 1
+        learner_threads = 1
     elif overlap:
-        default_torch = max(1, cores // 2)
+        learner_threads = max(1, cores // 2)
     else:
-        default_torch = cores
-    default_physics = max(1, cores - default_torch) if overlap and not device.is_accelerator else cores
-    return ThreadBudget(cores=cores, physics=physics_threads or default_physics, torch=default_torch)
+        learner_threads = cores
+    default_physics = max(1, cores - learner_threads) if overlap and not device.is_accelerator else cores
+    return ThreadBudget(cores=cores, physics=physics_threads or default_physics, torch=learner_threads)
 
 
 def apply_thread_budget(budget: ThreadBudget) -> None:

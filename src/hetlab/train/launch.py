@@ -35,10 +35,10 @@ from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_valu
                                  with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
 from hetlab.train.recipes import RECIPES
-from hetlab.train.tune import with_tuned_setting
 from hetlab.train.loggers import require_logger
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
+from hetlab.train.tune import with_tuned_setting
 from hetlab.train.video import check_rendering
 
 # What a resumed run may take from the launch: its budgets, cadences, where it runs and where a run
@@ -89,7 +89,10 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
         raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
                         "AVX512_BF16 or AMX); train without it")
-    budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync", torch_threads=cfg.torch_threads)
+    def budget_of(cfg: TrainConfig):
+        return thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync", torch_threads=cfg.torch_threads)
+
+    budget = budget_of(cfg)  # too many threads is refused here, before any tuning
     figures_wanted()  # a bad HETLAB_FIGURES fails here, before the run starts, not at its end
     require_logger(cfg.logger)
     if cfg.video_every:
@@ -101,8 +104,7 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
                                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
         sources |= dict.fromkeys(tuned, "tune")
         validate(cfg)
-        budget = thread_budget(device, cfg.threads, overlap=cfg.resolved_mode != "sync",
-                               torch_threads=cfg.torch_threads)
+        budget = budget_of(cfg)
     if resume_state is not None and resume_state["iteration"] >= cfg.max_iterations:
         done = resume_state["iteration"]
         raise UserError(f"{run_dir} has already trained {done} iterations; pass --max-iterations above {done} "

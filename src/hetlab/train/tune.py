@@ -11,8 +11,8 @@ and reported, for the user to choose, since each changes what the run learns.
 1. The machine: its cores, CPU, ISA and learner device (they and the run's shape key the cache).
 2. The stages, each alone in this process: a collector's step (the task with the actor's
    inference) at each envs-per-collector and threads-per-collector of a candidate; the learner's
-   update on a batch of the run's shape at each torch-thread count, fp32 and, where the learner
-   has it natively, bf16.
+   update on a batch of the run's shape at each torch-thread count, in the run's own precision and,
+   where the learner has it natively and the run does not use it, bf16.
 3. The model: a sync iteration takes the rollout (horizon × envs at the collectors' summed rate),
    then the update; async takes the slower of the two, the cores split between them.
 4. The check: the best predicted setting and the hand defaults (the next best where they are the
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -304,8 +305,6 @@ def write_tuned(path: Path, result: TuneResult, cfg) -> None:
 
 def read_tuned(path: Path) -> dict[str, int]:
     """The options a tuned TOML sets."""
-    import tomllib
-
     return {name: value for name, value in tomllib.loads(path.read_text()).items() if name in TUNED_OPTIONS}
 
 
