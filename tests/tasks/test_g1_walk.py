@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from hetlab.tasks import make_task
-from hetlab.tasks.g1_walk import DEFAULT_POSE, swing_height
+from hetlab.tasks.g1_walk import DEFAULT_POSE, swing_height_target
 
 N = 4
 
 
 def test_the_swing_target_rises_to_the_height_and_lands_smoothly():
     phase = np.array([-np.pi, -np.pi / 2, 0.0, np.pi / 2, np.pi - 1e-9])
-    np.testing.assert_allclose(swing_height(phase, 0.15), [0.0, 0.075, 0.15, 0.075, 0.0], atol=1e-6)
+    np.testing.assert_allclose(swing_height_target(phase, 0.15), [0.0, 0.075, 0.15, 0.075, 0.0], atol=1e-6)
     fine = np.linspace(-np.pi, np.pi, 2001)
-    heights = swing_height(fine, 0.15)
+    heights = swing_height_target(fine, 0.15)
     assert heights.min() >= 0.0 and heights.max() == pytest.approx(0.15)
     assert np.abs(np.diff(heights)).max() < 1e-3  # continuous, flat at lift-off, apex and landing
 
@@ -71,9 +71,10 @@ def test_the_penalty_curriculum_scales_the_penalties_pays_for_staying_up_and_res
     assert scale == 0.1 and playground.curriculum is None
     terms = curriculum.step(actions)[4]["reward_terms"]
     full = playground.step(actions)[4]["reward_terms"]
-    assert curriculum.curriculum_terms and "termination" not in curriculum.curriculum_terms
+    penalties = {name for name, term in curriculum.rewards.items() if term.penalty}
+    assert penalties == {name for name, term in curriculum.rewards.items() if term.weight < 0} - {"termination"}
     for name, value in full.items() - {"alive": 0.0}.items():
-        expected = value * scale if name in curriculum.curriculum_terms else value
+        expected = value * scale if name in penalties else value
         assert terms[name] == pytest.approx(expected, rel=1e-9, abs=1e-15), name
     assert terms["alive"] == pytest.approx(curriculum.dt) and full["alive"] == 0.0
 

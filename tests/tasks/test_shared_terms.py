@@ -10,6 +10,7 @@ replay the same trajectory; the tolerance only allows for other SIMD paths of nu
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,18 @@ RECORDED = Path(__file__).parent / "data" / "go1_joystick_trajectory.npz"
 def test_go1_rewards_built_from_shared_terms_match_the_recorded_trajectory():
     recorded = np.load(RECORDED)
     task = make_task("go1-joystick-flat", num_envs=8, threads=1, seed=3)
-    captured = []
-    terms_of = task._reward_terms
-    task._reward_terms = lambda actions: captured.append(terms_of(actions)) or captured[-1]
+    captured = []  # per step, each term's unweighted values
+
+    def recorded_by_name(name, function):
+        def term(task, **params):
+            if name == next(iter(task.rewards)):
+                captured.append({})
+            captured[-1][name] = function(task, **params)
+            return captured[-1][name]
+        return term
+
+    task.rewards = {name: dataclasses.replace(term, function=recorded_by_name(name, term.function))
+                    for name, term in task.rewards.items()}
     task.reset()
     rng = np.random.default_rng(0)
     rewards, terminated, extras = [], [], []

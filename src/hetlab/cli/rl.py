@@ -91,6 +91,8 @@ def info(cfg: Annotated[InfoConfig, tyro.conf.arg(name="")] = InfoConfig()) -> N
 @dataclass(frozen=True)
 class TasksConfig:
     json: bool = False  # print the result as JSON
+    # also list each task's reward terms: weight, parameters, and whether its penalty curriculum weighs them
+    rewards: bool = False
 
 
 def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -> None:
@@ -112,6 +114,8 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
             "episode_seconds": cls.episode_seconds,
             "solved": [str(criterion) for criterion in cls.solved],
             "recipe": dataclasses.asdict(RECIPES[name]) if name in RECIPES else None,
+            "rewards": {term_name: {"weight": term.weight, "params": dict(term.params), "penalty": term.penalty}
+                        for term_name, term in cls.rewards.items()},
         }
         for name, cls in sorted(TASKS.items())
     ]
@@ -138,6 +142,17 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
         recipes.add_row(row["name"], ", ".join(row["solved"]) or "not defined", options,
                         (recipe and recipe["time_to_solve"]) or "not solved yet")
     console().print(recipes)
+    if cfg.rewards:
+        for row in rows:
+            terms = Table(title=f"{row['name']}: reward terms (`hetlab train --reward-weights NAME WEIGHT` overrides)")
+            for column, justify in (("term", "left"), ("weight", "right"), ("parameters", "left"),
+                                    ("penalty curriculum", "left")):
+                terms.add_column(column, justify=justify)
+            for term_name, term in row["rewards"].items():
+                terms.add_row(term_name, f"{term['weight']:g}",
+                              ", ".join(f"{key} {value:g}" for key, value in term["params"].items()),
+                              "weighs it" if term["penalty"] else "")
+            console().print(terms)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,10 @@ def _validated_config(name: str, overrides: dict) -> TaskConfig:
     cores = cpu_count()
     if not 0 <= cfg.threads <= cores:
         raise UserError(f"--threads {cfg.threads} is outside 0..{cores} (0 = all {cores} cores); use at most {cores}")
+    unknown_terms = sorted(set(cfg.reward_weights) - set(cls.rewards))
+    if unknown_terms:
+        raise UserError(f"task {name!r} has no reward term(s) {', '.join(unknown_terms)}; its terms: "
+                        f"{', '.join(cls.rewards)} (`hetlab tasks --rewards` lists them with their weights)")
     cls.check_assets(cfg)
     if cfg.sim_dt:
         check_physics_step(cls, cfg)

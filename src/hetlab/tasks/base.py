@@ -8,8 +8,9 @@ in `info["final_obs"]` so a learner can bootstrap from it on time-outs. Every ca
 fresh arrays: keeping last step's observations needs no copy.
 
 A task declares its observation groups as named terms (`observations`, see observations.py: the
-sizes and the policy's noise follow from it) and computes them in `_observation_terms`.
-Subclasses implement `_control`, `_reward_terms`, `_terminated` and `_observation_terms`; optional
+sizes and the policy's noise follow from it) and computes them in `_observation_terms`; it declares
+its reward as named terms, each a function with its weight and parameters (`rewards`, see terms.py).
+Subclasses implement `_control`, `_terminated` and `_observation_terms`; optional
 hooks are `_update_state` (derive this step's quantities from physics, before rewards),
 `_timed_out` (an episode's end by time, when that is more than the step count, e.g. a clip's end),
 `_advance` (move per-env schedules on to the next step, after rewards), `_reset_envs`
@@ -18,13 +19,13 @@ besides its return, e.g. goals reached, reported in `info["episode_metrics"]`). 
 unweighted reward terms whose per-step mean over an episode is one of its metrics in
 `tracked_terms`, and what "solved" means for it in `solved` (see criteria.py). A task whose
 config has a penalty curriculum (curriculum.py) sets `curriculum`, which scales the weights of
-its `curriculum_terms` and is part of its state.
+its penalty terms and is part of its state.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import mujoco
@@ -33,6 +34,7 @@ import numpy as np
 from hetlab.sim.contract import BatchSim
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.curriculum import PenaltyCurriculum
+from hetlab.tasks.terms import RewardTerm
 from hetlab.tasks.observations import Observations
 
 Obs = dict[str, np.ndarray]
@@ -51,6 +53,7 @@ class TaskConfig:
     randomise: bool = True  # domain randomisation on reset
     reset_noise: float = 0.0  # uniform ± noise on joint positions/velocities at reset
     sim_dt: float = 0.0  # physics step in seconds, dividing the control step; 0 = the task's own
+    reward_weights: dict[str, float] = field(default_factory=dict)  # reward terms' weights over the task's own
 
 
 class Task(ABC):
@@ -64,10 +67,9 @@ class Task(ABC):
     observations: ClassVar[Observations]  # the policy's terms and the critic's privileged ones
     obs_sizes: ClassVar[dict[str, int]]  # per observation group, from `observations`
     action_size: int
-    reward_weights: dict[str, float]
+    rewards: ClassVar[dict[str, RewardTerm]]  # the reward's terms by name
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
     reward_floor: float | None = None  # the scaled reward is clipped from below to this, if set
-    curriculum_terms: ClassVar[tuple[str, ...]] = ()  # the penalty terms a curriculum scales
     # Reward terms whose unweighted per-step mean over an episode is an episode metric of that name.
     tracked_terms: ClassVar[tuple[str, ...]] = ()
     solved: ClassVar[tuple[Criterion, ...]] = ()  # what a deterministic evaluation must pass; () = undefined
@@ -117,6 +119,8 @@ class Task(ABC):
         self.episode_step = np.zeros(n, np.int64)
         self.episode_return = np.zeros(n, np.float64)
         self.last_actions = np.zeros((n, self.action_size), np.float32)
+        self.actions = self.last_actions  # this step's, once stepped
+        self.reward_weights = {name: term.weight for name, term in self.rewards.items()} | cfg.reward_weights
         self.tracked_sums = np.zeros((n, len(self.tracked_terms)), np.float64)
         self.curriculum: PenaltyCurriculum | None = None
         self._obs: Obs | None = None
@@ -141,15 +145,16 @@ class Task(ABC):
         actions = np.clip(actions, -1.0, 1.0)
         diverged = self.sim.step(self._control(actions), self.substeps)
         self.episode_step += 1
+        self.actions = actions
         self._update_state(actions)
 
-        terms = self._reward_terms(actions)
+        terms = {name: term.function(self, **term.params) for name, term in self.rewards.items()}
         reward = np.zeros(self.num_envs, np.float64)
         term_means = {}
         penalty_scale = float(self.curriculum.scale) if self.curriculum is not None else 1.0
         for name, value in terms.items():
             weight = self.reward_weights[name] * self.reward_scale
-            weighted = (weight * penalty_scale if name in self.curriculum_terms else weight) * value
+            weighted = (weight * penalty_scale if self.rewards[name].penalty else weight) * value
             reward += weighted
             term_means[name] = float(weighted.mean())
         for column, name in enumerate(self.tracked_terms):
@@ -252,10 +257,6 @@ class Task(ABC):
 
     def _advance(self) -> None:
         """Move per-env schedules (commands, timers) on to the next step, after rewards."""
-
-    @abstractmethod
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        """Unweighted (num_envs,) value of every term in `reward_weights`."""
 
     @abstractmethod
     def _terminated(self) -> np.ndarray:

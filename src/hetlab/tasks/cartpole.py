@@ -14,6 +14,7 @@ import numpy as np
 from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.observations import ObsTerm, Observations
+from hetlab.tasks.terms import RewardTerm, alive
 
 RAIL_HALF_LENGTH = 2.0  # m
 MAX_POLE_ANGLE = 0.8  # rad
@@ -35,13 +36,13 @@ class CartpoleBalance(Task):
                                              ("x", "cos_angle", "sin_angle", "x_dot", "angle_dot")))
     action_size = 1
     solved = (Criterion("return", 475.0),)  # of the 500 a pole held upright at the centre for 10 s scores
-    reward_weights = {
-        "alive": 1.0,
-        "pole_angle": -1.0,
-        "cart_position": -0.05,
-        "cart_velocity": -0.01,
-        "pole_velocity": -0.005,
-        "action": -0.001,
+    rewards = {
+        "alive": RewardTerm(alive, 1.0),
+        "pole_angle": RewardTerm(lambda task: np.square(task.angle), -1.0),
+        "cart_position": RewardTerm(lambda task: np.square(task.x), -0.05),
+        "cart_velocity": RewardTerm(lambda task: np.square(task.x_dot), -0.01),
+        "pole_velocity": RewardTerm(lambda task: np.square(task.angle_dot), -0.005),
+        "action": RewardTerm(lambda task: np.square(task.actions[:, 0]), -0.001),
     }
 
     @classmethod
@@ -86,20 +87,11 @@ class CartpoleBalance(Task):
     def _control(self, actions: np.ndarray) -> np.ndarray:
         return actions  # already in [-1, 1]: the motor's control range
 
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        x, angle, x_dot, angle_dot = self._state(slice(None))
-        return {
-            "alive": np.ones(self.num_envs),
-            "pole_angle": np.square(angle),
-            "cart_position": np.square(x),
-            "cart_velocity": np.square(x_dot),
-            "pole_velocity": np.square(angle_dot),
-            "action": np.square(actions[:, 0]),
-        }
+    def _update_state(self, actions: np.ndarray) -> None:
+        self.x, self.angle, self.x_dot, self.angle_dot = self._state(slice(None))
 
     def _terminated(self) -> np.ndarray:
-        x, angle, _, _ = self._state(slice(None))
-        return (np.abs(angle) > MAX_POLE_ANGLE) | (np.abs(x) > RAIL_HALF_LENGTH)
+        return (np.abs(self.angle) > MAX_POLE_ANGLE) | (np.abs(self.x) > RAIL_HALF_LENGTH)
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         x, angle, x_dot, angle_dot = self._state(ids)

@@ -40,7 +40,7 @@ from hetlab.tasks.rotations import (
     rotate_inverse,
     yaw_quat,
 )
-from hetlab.tasks.terms import joint_limit_violation, squared_norm
+from hetlab.tasks.terms import RewardTerm, joint_limit_violation, squared_norm
 
 ANCHOR = "torso_link"
 BODIES = ("pelvis", "left_hip_roll_link", "left_knee_link", "left_ankle_roll_link", "right_hip_roll_link",
@@ -48,8 +48,6 @@ BODIES = ("pelvis", "left_hip_roll_link", "left_knee_link", "left_ankle_roll_lin
           "left_wrist_yaw_link", "right_shoulder_roll_link", "right_elbow_link", "right_wrist_yaw_link")
 END_EFFECTORS = np.array([BODIES.index(b) for b in ("left_ankle_roll_link", "right_ankle_roll_link",
                                                      "left_wrist_yaw_link", "right_wrist_yaw_link")])
-# Kernel widths: anchor position (m), orientation (rad), body linear (m/s) and angular (rad/s) velocity.
-STD = {"pos": 0.3, "ori": 0.4, "linvel": 1.0, "angvel": 3.14}
 MAX_ANCHOR_HEIGHT_ERROR = 0.25  # m
 MAX_ANCHOR_TILT_ERROR = 0.8  # difference of the gravity direction's z in the anchor frames
 MAX_END_EFFECTOR_HEIGHT_ERROR = 0.25  # m
@@ -87,16 +85,24 @@ class G1TrackMotion(Task):
     # Follows the clip: ≥ 90 % of episodes reach its end upright, its bodies within 10 cm on average.
     solved = (Criterion("survival", 0.9), Criterion("body_pos_error", 0.10, at_least=False))
     state_arrays = Task.state_arrays + ("frame", "body_error_sum", "joint_error_sum")
-    reward_weights = {
-        "anchor_pos": 0.5,
-        "anchor_ori": 0.5,
-        "body_pos": 1.0,
-        "body_ori": 1.0,
-        "body_linvel": 1.0,
-        "body_angvel": 1.0,
-        "action_rate": -0.1,
-        "joint_limit": -10.0,
-        "self_collision": -0.1,
+    # BeyondMimic's: Gaussian kernels exp(−error² / std²) of the tracking errors (std in m, rad, m/s, rad/s).
+    rewards = {
+        "anchor_pos": RewardTerm(lambda task, std: _kernel(squared_norm(task.anchor_pos_error()), std), 0.5,
+                                 {"std": 0.3}),
+        "anchor_ori": RewardTerm(lambda task, std: _kernel(task.anchor_angle_error() ** 2, std), 0.5, {"std": 0.4}),
+        "body_pos": RewardTerm(lambda task, std: _kernel(np.square(task._body_error).mean(axis=1), std), 1.0,
+                               {"std": 0.3}),
+        "body_ori": RewardTerm(lambda task, std: _kernel(np.square(task.body_angle_error()).mean(axis=1), std), 1.0,
+                               {"std": 0.4}),
+        "body_linvel": RewardTerm(lambda task, std: _kernel(task.body_velocity_error(task._linvel, "linvel"), std), 1.0,
+                                  {"std": 1.0}),
+        "body_angvel": RewardTerm(lambda task, std: _kernel(task.body_velocity_error(task._angvel, "angvel"), std), 1.0,
+                                  {"std": 3.14}),
+        "action_rate": RewardTerm(lambda task: squared_norm(task.actions - task.last_actions), -0.1),
+        "joint_limit": RewardTerm(lambda task: joint_limit_violation(
+            task.sim.qpos[:, task.joints.qpos], task.joints.soft_low, task.joints.soft_high), -10.0),
+        "self_collision": RewardTerm(
+            lambda task: sum((found[:, 0] > 0).astype(np.float64) for found in task._self_contacts), -0.1),
     }
 
     @classmethod
@@ -188,28 +194,24 @@ class G1TrackMotion(Task):
             > MAX_END_EFFECTOR_HEIGHT_ERROR
         return height | tilt | ends.any(axis=1)
 
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        robot_pos, robot_quat = self._robot
-        ref = self._ref
-        anchor = self._anchor
-        n, b = robot_pos.shape[:2]
-        body_angle = quat_angle(quat_multiply(quat_conjugate(ref["body_quat"].reshape(-1, 4)),
-                                              robot_quat.reshape(-1, 4))).reshape(n, b)
-        linvel = np.stack(self._linvel, axis=1)
-        angvel = np.stack(self._angvel, axis=1)
-        joint_pos = self.sim.qpos[:, self.joints.qpos]
-        return {
-            "anchor_pos": _kernel(squared_norm(robot_pos[:, anchor] - ref["anchor_pos"]), STD["pos"]),
-            "anchor_ori": _kernel(quat_angle(quat_multiply(quat_conjugate(ref["anchor_quat"]),
-                                                           robot_quat[:, anchor])) ** 2, STD["ori"]),
-            "body_pos": _kernel(np.square(self._body_error).mean(axis=1), STD["pos"]),
-            "body_ori": _kernel(np.square(body_angle).mean(axis=1), STD["ori"]),
-            "body_linvel": _kernel(np.square(linvel - ref["linvel"]).sum(axis=2).mean(axis=1), STD["linvel"]),
-            "body_angvel": _kernel(np.square(angvel - ref["angvel"]).sum(axis=2).mean(axis=1), STD["angvel"]),
-            "action_rate": squared_norm(actions - self.last_actions),
-            "joint_limit": joint_limit_violation(joint_pos, self.joints.soft_low, self.joints.soft_high),
-            "self_collision": sum((found[:, 0] > 0).astype(np.float64) for found in self._self_contacts),
-        }
+    # -- the tracking errors the reward terms weigh --------------------------------------------
+
+    def anchor_pos_error(self) -> np.ndarray:
+        return self._robot[0][:, self._anchor] - self._ref["anchor_pos"]
+
+    def anchor_angle_error(self) -> np.ndarray:
+        return quat_angle(quat_multiply(quat_conjugate(self._ref["anchor_quat"]), self._robot[1][:, self._anchor]))
+
+    def body_angle_error(self) -> np.ndarray:
+        """(N, B): each tracked body's angle from the clip's."""
+        robot_quat = self._robot[1]
+        n, b = robot_quat.shape[:2]
+        return quat_angle(quat_multiply(quat_conjugate(self._ref["body_quat"].reshape(-1, 4)),
+                                        robot_quat.reshape(-1, 4))).reshape(n, b)
+
+    def body_velocity_error(self, sensors: list[np.ndarray], reference: str) -> np.ndarray:
+        """The tracked bodies' mean squared velocity error against the clip's `reference` velocities."""
+        return np.square(np.stack(sensors, axis=1) - self._ref[reference]).sum(axis=2).mean(axis=1)
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         qpos, qvel = self.sim.qpos[ids], self.sim.qvel[ids]

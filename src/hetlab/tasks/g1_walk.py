@@ -38,14 +38,11 @@ from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
-from hetlab.tasks.terms import FeetState, joint_limit_violation, squared_norm, stand_still, velocity_tracking
+from hetlab.tasks.terms import (FeetState, RewardTerm, joint_limit_violation, squared_norm, stand_still,
+                                velocity_tracking)
 
 HIP_ROLL_YAW = np.array([1, 2, 7, 8])  # left roll, left yaw, right roll, right yaw
 KNEES = np.array([3, 9])
-TRACKING_SIGMA = 0.25
-SWING_HEIGHT = 0.15  # m, the gait clock's foot-height target
-AIR_TIME_MIN, AIR_TIME_MAX = 0.2, 0.5  # s; swings shorter earn nothing, longer earn no more
-MAX_FOOT_FORCE = 500.0  # N; vertical foot force past this is penalised
 UPRIGHT_TORSO = np.array([0.073, 0.0, 1.0])  # the torso's z axis standing in the default pose
 MIN_PELVIS_HEIGHT = 0.3  # m
 
@@ -86,25 +83,41 @@ class G1WalkFlat(Task):
     solved = WALKS_ON_COMMAND
     state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values",
                                         "phase", "phase_step", "push_interval", "steps_to_push")
-    reward_weights = {
-        "tracking_lin_vel": 1.0,
-        "tracking_ang_vel": 0.75,
-        "ang_vel_xy": -0.15,
-        "orientation": -2.0,
-        "feet_air_time": 2.0,
-        "feet_slip": -0.25,
-        "feet_phase": 1.0,
-        "stand_still": -1.0,
-        "termination": -100.0,
-        "collision": -0.1,
-        "contact_force": -0.01,
-        "joint_deviation_knee": -0.1,
-        "joint_deviation_hip": -0.25,
-        "dof_pos_limits": -1.0,
-        "pose": -0.1,
-        "alive": 1.0,  # Holosoma's weight; with the penalty curriculum only
+    # Playground's terms and weights; with a penalty curriculum every penalty but the fall's is weighed by it.
+    rewards = {
+        "tracking_lin_vel": RewardTerm(
+            lambda task, sigma: velocity_tracking(task.commands.values[:, :2], task._pelvis["local_linvel"][:, :2],
+                                                  sigma), 1.0, {"sigma": 0.25}),
+        "tracking_ang_vel": RewardTerm(
+            lambda task, sigma: velocity_tracking(task.commands.values[:, 2:], task._pelvis["gyro"][:, 2:], sigma),
+            0.75, {"sigma": 0.25}),
+        "ang_vel_xy": RewardTerm(lambda task: squared_norm(task._torso_angvel[:, :2]), -0.15, penalty=True),
+        "orientation": RewardTerm(lambda task: squared_norm(task._torso_up - UPRIGHT_TORSO), -2.0, penalty=True),
+        "feet_air_time": RewardTerm(  # swings under `shortest` s earn nothing, over `longest` s no more
+            lambda task, shortest, longest: task.feet_air_time(shortest, longest), 2.0,
+            {"shortest": 0.2, "longest": 0.5}),
+        "feet_slip": RewardTerm(lambda task: task._pelvis_speed * task._contact.sum(axis=1), -0.25, penalty=True),
+        "feet_phase": RewardTerm(  # the feet at the gait clock's height, up to `swing_height` (m)
+            lambda task, swing_height: task.feet_phase(swing_height), 1.0, {"swing_height": 0.15}),
+        "stand_still": RewardTerm(
+            lambda task: stand_still(task._deviation, np.linalg.norm(task.commands.values, axis=1)), -1.0,
+            penalty=True),
+        "termination": RewardTerm(lambda task: task._fell.astype(np.float64), -100.0),
+        "collision": RewardTerm(lambda task: np.logical_or(*[found[:, 0] > 0 for found in task._hands_on_thighs])
+                                .astype(np.float64), -0.1, penalty=True),
+        "contact_force": RewardTerm(  # vertical foot force past `max_force` (N)
+            lambda task, max_force: sum(np.maximum(np.abs(force[:, 2]) - max_force, 0.0) for force in task._feet_force),
+            -0.01, {"max_force": 500.0}, penalty=True),
+        "joint_deviation_knee": RewardTerm(lambda task: np.abs(task._deviation[:, KNEES]).sum(axis=1), -0.1,
+                                           penalty=True),
+        "joint_deviation_hip": RewardTerm(lambda task: task.hip_deviation(), -0.25, penalty=True),
+        "dof_pos_limits": RewardTerm(
+            lambda task: joint_limit_violation(task._joint_pos, task.joints.soft_low, task.joints.soft_high), -1.0,
+            penalty=True),
+        "pose": RewardTerm(lambda task: squared_norm(task._deviation), -0.1, penalty=True),
+        "alive": RewardTerm(  # Holosoma's; with the penalty curriculum only
+            lambda task: np.full(task.num_envs, 1.0 if task.curriculum is not None else 0.0), 1.0),
     }
-    curriculum_terms = tuple(name for name, weight in reward_weights.items() if weight < 0 and name != "termination")
 
     @classmethod
     def check_assets(cls, cfg: G1WalkConfig) -> None:
@@ -158,6 +171,8 @@ class G1WalkFlat(Task):
         self.feet.update(self._feet_z, self._contact)
         self._fell = (self._torso_up[:, 2] < 0.0) | (self.sim.qpos[:, 2] < MIN_PELVIS_HEIGHT) \
             | (self._feet_touch[:, 0] > 0)
+        self._deviation = self._joint_pos - DEFAULT_POSE
+        self._pelvis_speed = np.linalg.norm(self._pelvis["global_linvel"][:, :2], axis=1)
 
     def _advance(self) -> None:
         self.feet.advance()
@@ -175,35 +190,23 @@ class G1WalkFlat(Task):
     def _terminated(self) -> np.ndarray:
         return self._fell
 
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        cmd = self.commands.values
-        deviation = self._joint_pos - DEFAULT_POSE
-        pelvis_speed = np.linalg.norm(self._pelvis["global_linvel"][:, :2], axis=1)
-        # Hip roll may deviate while the command asks for sideways speed.
-        hip_weights = np.where(cmd[:, 1:2] > 0.1, [0.0, 1.0, 0.0, 1.0], 1.0)
-        moving = (pelvis_speed > 0.1) | (np.abs(self._pelvis["global_angvel"][:, 2]) > 0.1) \
-            | (np.linalg.norm(cmd, axis=1) > 0.01)
-        air_time = np.minimum((self.feet.air_time - AIR_TIME_MIN) * self.feet.first_contact, AIR_TIME_MAX - AIR_TIME_MIN)
-        phase_error = np.square(self._feet_z - swing_height(self.phase, SWING_HEIGHT)).sum(axis=1)
-        foot_force = sum(np.maximum(np.abs(force[:, 2]) - MAX_FOOT_FORCE, 0.0) for force in self._feet_force)
-        return {
-            "tracking_lin_vel": velocity_tracking(cmd[:, :2], self._pelvis["local_linvel"][:, :2], TRACKING_SIGMA),
-            "tracking_ang_vel": velocity_tracking(cmd[:, 2:], self._pelvis["gyro"][:, 2:], TRACKING_SIGMA),
-            "ang_vel_xy": squared_norm(self._torso_angvel[:, :2]),
-            "orientation": squared_norm(self._torso_up - UPRIGHT_TORSO),
-            "feet_air_time": air_time.sum(axis=1),
-            "feet_slip": pelvis_speed * self._contact.sum(axis=1),
-            "feet_phase": np.exp(-phase_error / 0.01) * moving,
-            "stand_still": stand_still(deviation, np.linalg.norm(cmd, axis=1)),
-            "termination": self._fell.astype(np.float64),
-            "collision": np.logical_or(*[found[:, 0] > 0 for found in self._hands_on_thighs]).astype(np.float64),
-            "contact_force": foot_force,
-            "joint_deviation_knee": np.abs(deviation[:, KNEES]).sum(axis=1),
-            "joint_deviation_hip": (np.abs(deviation[:, HIP_ROLL_YAW]) * hip_weights).sum(axis=1),
-            "dof_pos_limits": joint_limit_violation(self._joint_pos, self.joints.soft_low, self.joints.soft_high),
-            "pose": squared_norm(deviation),
-            "alive": np.full(self.num_envs, 1.0 if self.curriculum is not None else 0.0),
-        }
+    # -- reward terms with more than one line -------------------------------------------------
+
+    def feet_air_time(self, shortest: float, longest: float) -> np.ndarray:
+        """Each swing's time in the air past `shortest`, capped at `longest`, scored when it lands."""
+        return np.minimum((self.feet.air_time - shortest) * self.feet.first_contact, longest - shortest).sum(axis=1)
+
+    def feet_phase(self, swing_height: float) -> np.ndarray:
+        """How closely the feet follow the gait clock's height, while the robot moves or is asked to."""
+        moving = (self._pelvis_speed > 0.1) | (np.abs(self._pelvis["global_angvel"][:, 2]) > 0.1) \
+            | (np.linalg.norm(self.commands.values, axis=1) > 0.01)
+        error = np.square(self._feet_z - swing_height_target(self.phase, swing_height)).sum(axis=1)
+        return np.exp(-error / 0.01) * moving
+
+    def hip_deviation(self) -> np.ndarray:
+        """Hip roll and yaw away from the default pose; roll may deviate while the command asks for sideways speed."""
+        weights = np.where(self.commands.values[:, 1:2] > 0.1, [0.0, 1.0, 0.0, 1.0], 1.0)
+        return (np.abs(self._deviation[:, HIP_ROLL_YAW]) * weights).sum(axis=1)
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         pelvis = {name: values[ids] for name, values in self._pelvis.items()}
@@ -241,7 +244,7 @@ class G1WalkFlat(Task):
         self.steps_to_push[ids] = self.push_interval[ids]
 
 
-def swing_height(phase: np.ndarray, height: float) -> np.ndarray:
+def swing_height_target(phase: np.ndarray, height: float) -> np.ndarray:
     """The gait clock's foot-height target: up to `height` over the first half of the cycle, back
     down over the second, each along a cubic Bézier (zero slope at the ends)."""
     x = (phase + np.pi) / (2 * np.pi)

@@ -24,8 +24,8 @@ from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
-from hetlab.tasks.terms import (FeetState, feet_clearance, joint_limit_violation, mechanical_power, pose_similarity,
-                                squared_norm, stand_still, torque_magnitude, velocity_tracking)
+from hetlab.tasks.terms import (FeetState, RewardTerm, feet_clearance, joint_limit_violation, mechanical_power,
+                                pose_similarity, squared_norm, stand_still, torque_magnitude, velocity_tracking)
 
 LEGS = ("FR", "FL", "RR", "RL")
 JOINTS = [f"{leg}_{part}_joint" for leg in LEGS for part in ("hip", "thigh", "calf")]
@@ -40,9 +40,6 @@ SOFT_LOW = 0.5 * (_LOW + _HIGH) - 0.475 * (_HIGH - _LOW)
 SOFT_HIGH = 0.5 * (_LOW + _HIGH) + 0.475 * (_HIGH - _LOW)
 FOOT_RADIUS = 0.023
 CONTACT_HEIGHT = FOOT_RADIUS + 0.003  # foot centre below this → in contact with the floor
-MAX_FOOT_HEIGHT = 0.1  # m, swing-height target
-AIR_TIME_TARGET = 0.1  # s
-TRACKING_SIGMA = 0.25
 POSE_WEIGHTS = np.tile([1.0, 1.0, 0.1], 4)
 MIN_TRUNK_HEIGHT = 0.15  # m; lower counts as a fall
 FLOOR_FRICTION = 0.6  # nominal; the floor's priority makes its friction the contact's
@@ -77,23 +74,29 @@ class Go1JoystickFlat(Task):
     tracked_terms = ("tracking_lin_vel", "tracking_ang_vel")
     solved = WALKS_ON_COMMAND
     state_arrays = Task.state_arrays + ("feet.air_time", "feet.swing_peak", "feet.last_contact", "commands.values")
-    reward_weights = {
-        "tracking_lin_vel": 1.0,
-        "tracking_ang_vel": 0.5,
-        "lin_vel_z": -0.5,
-        "ang_vel_xy": -0.05,
-        "orientation": -5.0,
-        "dof_pos_limits": -1.0,
-        "pose": 0.5,
-        "termination": -1.0,
-        "stand_still": -1.0,
-        "torques": -0.0002,
-        "action_rate": -0.01,
-        "energy": -0.001,
-        "feet_clearance": -2.0,
-        "feet_height": -0.2,
-        "feet_slip": -0.1,
-        "feet_air_time": 0.1,
+    rewards = {
+        "tracking_lin_vel": RewardTerm(
+            lambda task, sigma: velocity_tracking(task.commands.values[:, :2], task._linvel[:, :2], sigma),
+            1.0, {"sigma": 0.25}),
+        "tracking_ang_vel": RewardTerm(
+            lambda task, sigma: velocity_tracking(task.commands.values[:, 2:], task._gyro[:, 2:], sigma),
+            0.5, {"sigma": 0.25}),
+        "lin_vel_z": RewardTerm(lambda task: np.square(task.sim.qvel[:, 2]), -0.5),
+        "ang_vel_xy": RewardTerm(lambda task: squared_norm(task._gyro[:, :2]), -0.05),
+        "orientation": RewardTerm(lambda task: squared_norm(task._gravity[:, :2]), -5.0),
+        "dof_pos_limits": RewardTerm(lambda task: joint_limit_violation(task._joint_pos, SOFT_LOW, SOFT_HIGH), -1.0),
+        "pose": RewardTerm(lambda task: pose_similarity(task._deviation, POSE_WEIGHTS), 0.5),
+        "termination": RewardTerm(lambda task: task._fell.astype(np.float64), -1.0),
+        "stand_still": RewardTerm(lambda task: stand_still(task._deviation, task._command_norm), -1.0),
+        "torques": RewardTerm(lambda task: torque_magnitude(task._torques), -0.0002),
+        "action_rate": RewardTerm(lambda task: squared_norm(task.actions - task.last_actions), -0.01),
+        "energy": RewardTerm(lambda task: mechanical_power(task._joint_vel, task._torques), -0.001),
+        "feet_clearance": RewardTerm(  # a moving foot should be at the swing height (m)
+            lambda task, height: feet_clearance(task._feet_z, task._feet_speed_xy2, height), -2.0, {"height": 0.1}),
+        "feet_height": RewardTerm(lambda task, height: task.feet.landing_height_error(height), -0.2, {"height": 0.1}),
+        "feet_slip": RewardTerm(lambda task: task.feet.slip(task._feet_speed_xy2), -0.1),
+        "feet_air_time": RewardTerm(  # swings of `target` seconds, while commanded to move
+            lambda task, target: task.feet.air_time_reward(target, task._command_norm > 0.05), 0.1, {"target": 0.1}),
     }
 
     @classmethod
@@ -190,6 +193,8 @@ class Go1JoystickFlat(Task):
         kp = KP if self.randomiser is None else KP * self.randomiser.params[:, 2:3]
         self._torques = np.clip(kp * (self._targets - self._joint_pos), -FORCE_LIMIT, FORCE_LIMIT)
         self._fell = (self._gravity[:, 2] > 0.0) | (self.sim.qpos[:, 2] < MIN_TRUNK_HEIGHT)
+        self._deviation = self._joint_pos - DEFAULT_POSE
+        self._command_norm = np.sqrt(np.square(self.commands.values).sum(axis=1))
 
         self._feet_z = np.stack([p[:, 2] for p in self._feet_pos], axis=1)
         self._feet_speed_xy2 = np.square(np.stack([v[:, :2] for v in self._feet_vel], axis=1)).sum(axis=2)
@@ -201,31 +206,6 @@ class Go1JoystickFlat(Task):
 
     def _terminated(self) -> np.ndarray:
         return self._fell
-
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
-        cmd = self.commands.values
-        v, gyro = self._linvel, self._gyro
-        q = self._joint_pos - DEFAULT_POSE
-        torques = self._torques
-        cmd_norm = np.sqrt(np.square(cmd).sum(axis=1))
-        return {
-            "tracking_lin_vel": velocity_tracking(cmd[:, :2], v[:, :2], TRACKING_SIGMA),
-            "tracking_ang_vel": velocity_tracking(cmd[:, 2:], gyro[:, 2:], TRACKING_SIGMA),
-            "lin_vel_z": np.square(self.sim.qvel[:, 2]),
-            "ang_vel_xy": squared_norm(gyro[:, :2]),
-            "orientation": squared_norm(self._gravity[:, :2]),
-            "dof_pos_limits": joint_limit_violation(self._joint_pos, SOFT_LOW, SOFT_HIGH),
-            "pose": pose_similarity(q, POSE_WEIGHTS),
-            "termination": self._fell.astype(np.float64),
-            "stand_still": stand_still(q, cmd_norm),
-            "torques": torque_magnitude(torques),
-            "action_rate": squared_norm(actions - self.last_actions),
-            "energy": mechanical_power(self._joint_vel, torques),
-            "feet_clearance": feet_clearance(self._feet_z, self._feet_speed_xy2, MAX_FOOT_HEIGHT),
-            "feet_height": self.feet.landing_height_error(MAX_FOOT_HEIGHT),
-            "feet_slip": self.feet.slip(self._feet_speed_xy2),
-            "feet_air_time": self.feet.air_time_reward(AIR_TIME_TARGET, cmd_norm > 0.05),
-        }
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         if isinstance(ids, slice) and self._step_proprio is not None:

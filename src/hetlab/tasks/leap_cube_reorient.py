@@ -28,7 +28,7 @@ from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import quat_angle, quat_conjugate, quat_matrix_rows, quat_multiply, random_quat
-from hetlab.tasks.terms import linear_tolerance, mechanical_power, squared_norm
+from hetlab.tasks.terms import RewardTerm, linear_tolerance, mechanical_power, squared_norm
 
 FINGERS = ("if", "mf", "rf")
 JOINTS = [f"{finger}_{part}" for finger in FINGERS for part in ("mcp", "rot", "pip", "dip")] + \
@@ -78,15 +78,19 @@ class LeapCubeReorient(Task):
     reward_scale = control_dt
     solved = (Criterion("goals", 1.0),)  # at least one goal orientation reached per episode, on average
     state_arrays = Task.state_arrays + ("previous_actions", "goals")
-    reward_weights = {
-        "orientation": 5.0,
-        "position": 0.5,
-        "termination": -100.0,
-        "hand_pose": -0.5,
-        "action_rate": -0.001,
-        "energy": -1e-3,
+    rewards = {
+        "orientation": RewardTerm(  # 1 within `bound` rad of the goal, falling to 0.1 at `margin` past it
+            lambda task, bound, margin: linear_tolerance(task._orientation_error, bound, margin), 5.0,
+            {"bound": 0.2, "margin": np.pi}),
+        "position": RewardTerm(  # the cube within `bound` m of the palm
+            lambda task, bound, margin: linear_tolerance(np.linalg.norm(task._palm - task._cube_pos, axis=1), bound,
+                                                         margin), 0.5, {"bound": 0.02, "margin": 0.05}),
+        "termination": RewardTerm(lambda task: task._dropped.astype(np.float64), -100.0),
+        "hand_pose": RewardTerm(lambda task: squared_norm(task._joint_pos - DEFAULT_POSE), -0.5),
+        "action_rate": RewardTerm(lambda task: task._action_rate, -0.001),
+        "energy": RewardTerm(lambda task: task.energy(), -1e-3),
         # A bonus per goal, not per second: every term is scaled by the control period.
-        "success": SUCCESS_BONUS / control_dt,
+        "success": RewardTerm(lambda task: task._reached.astype(np.float64), SUCCESS_BONUS / control_dt),
     }
 
     @classmethod
@@ -154,19 +158,11 @@ class LeapCubeReorient(Task):
     def _terminated(self) -> np.ndarray:
         return self._dropped
 
-    def _reward_terms(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+    def energy(self) -> np.ndarray:
+        """Σ|q̇|·|τ| of the hand's joints, their torques from the PD law."""
         gain = KP if self.randomiser is None else KP * self.randomiser.params[:, 2:3]
         torques = np.clip(gain * (self.sim.ctrl - self._joint_pos), -FORCE_LIMIT, FORCE_LIMIT)
-        palm_distance = np.linalg.norm(self._palm - self._cube_pos, axis=1)
-        return {
-            "orientation": linear_tolerance(self._orientation_error, 0.2, np.pi),
-            "position": linear_tolerance(palm_distance, 0.02, 0.05),
-            "termination": self._dropped.astype(np.float64),
-            "hand_pose": squared_norm(self._joint_pos - DEFAULT_POSE),
-            "action_rate": self._action_rate,
-            "energy": mechanical_power(self.sim.qvel[:, self._hand], torques),
-            "success": self._reached.astype(np.float64),
-        }
+        return mechanical_power(self.sim.qvel[:, self._hand], torques)
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:
         joints, cube_pos = self.sim.qpos[ids, self._hand], self._cube_pos[ids]

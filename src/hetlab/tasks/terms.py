@@ -1,13 +1,37 @@
-"""Reward terms that several robots share, and the per-foot state legged robots keep.
+"""Reward terms: how a task declares one, the forms several robots share, and the per-foot state
+legged robots keep.
 
-Each term is a small function of the task's numpy arrays that returns one unweighted
-(num_envs,) value; a task lists its terms with their weights (`Task.reward_weights`).
-The forms follow MuJoCo Playground's locomotion tasks.
+A task declares its reward as named `RewardTerm`s (`Task.rewards`): a function of the task that
+returns the term's unweighted (num_envs,) value, its weight and its parameters, side by side.
+The shared forms below are small functions of numpy arrays that the task's term functions call;
+they follow MuJoCo Playground's locomotion tasks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
+
+
+@dataclass(frozen=True)
+class RewardTerm:
+    """One term of a task's reward: `function(task, **params)` is its unweighted (num_envs,) value,
+    read from the task's state after the physics step (`task.actions` is the step's action,
+    `task.last_actions` the one before). The reward adds up `weight` × value over the terms (the
+    weight may be overridden per run: the task option `reward_weights`)."""
+
+    function: Callable[..., np.ndarray]
+    weight: float
+    params: Mapping[str, Any] = field(default_factory=dict)
+    penalty: bool = False  # weighed by the task's penalty curriculum, where its config has one
+
+
+def alive(task) -> np.ndarray:
+    """1 on every step an episode goes on."""
+    return np.ones(task.num_envs)
 
 
 def velocity_tracking(command: np.ndarray, velocity: np.ndarray, sigma: float) -> np.ndarray:

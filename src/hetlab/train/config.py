@@ -73,6 +73,8 @@ class TrainConfig:
     motion: str = ""  # g1-track-motion: the reference clip (.npz) to follow; "" = the task's own
     # physics step in seconds; it must divide the control step and keep the task's keyframe standing; 0 = the task's own
     sim_dt: float = 0.0
+    # the task's reward terms' weights, over its own: e.g. --reward-weights alive 0.5 (`hetlab tasks --rewards` lists them)
+    reward_weights: dict[str, float] = field(default_factory=dict)
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
@@ -166,7 +168,8 @@ class TrainConfig:
     @property
     def task_options(self) -> dict[str, object]:
         """The task's own options the run sets (each task refuses the ones it does not have)."""
-        return {name: value for name, value in (("motion", self.motion), ("sim_dt", self.sim_dt)) if value}
+        return {name: value for name, value in
+                (("motion", self.motion), ("sim_dt", self.sim_dt), ("reward_weights", self.reward_weights)) if value}
 
     def task_kwargs(self, num_envs: int, threads: int, seed: int, **overrides) -> dict[str, object]:
         """`make_task`'s options for `num_envs` envs of the run's task: its backend and own options."""
@@ -239,6 +242,8 @@ def cli_name(name: str) -> str:
 
 
 def cli_value(value) -> str:
+    if isinstance(value, dict):  # --reward-weights NAME WEIGHT ...
+        return " ".join(f"{key} {item}" for key, item in value.items())
     return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
