@@ -54,3 +54,23 @@ def test_a_runs_reward_weights_reach_its_collectors_and_its_record(tmp_path, ref
     assert "has no reward term(s) nope" in refusal("train", "--task", "cartpole-balance", "--reward-weights", "nope",
                                                    "1", "--runs-dir", tmp_path / "other")
     assert not (tmp_path / "other").exists()
+
+
+def test_a_parameter_given_to_the_task_changes_that_terms_value_and_an_unknown_one_is_refused():
+    own = make_task("go1-joystick-flat", num_envs=8, threads=1, seed=2)
+    wider = make_task("go1-joystick-flat", num_envs=8, threads=1, seed=2,
+                      reward_params={"tracking_lin_vel.sigma": 1.0})
+    assert wider.reward_params["tracking_lin_vel"] == {"sigma": 1.0} and own.reward_params["tracking_lin_vel"] == {
+        "sigma": 0.25}
+    own.reset(), wider.reset()
+    actions = np.random.default_rng(0).uniform(-0.3, 0.3, (8, 12)).astype(np.float32)
+    terms, wider_terms = own.step(actions)[4]["reward_terms"], wider.step(actions)[4]["reward_terms"]
+    # exp(−e²/σ) with a wider σ scores every error higher; the other terms are untouched
+    assert wider_terms["tracking_lin_vel"] > terms["tracking_lin_vel"]
+    assert {k: v for k, v in wider_terms.items() if k != "tracking_lin_vel"} == pytest.approx(
+        {k: v for k, v in terms.items() if k != "tracking_lin_vel"})
+    with pytest.raises(UserError, match=r"has no reward parameter\(s\) tracking_lin_vel.width; its parameters "
+                                        r"\(TERM.PARAMETER\): feet_air_time.target"):
+        make_task("go1-joystick-flat", num_envs=2, reward_params={"tracking_lin_vel.width": 1.0})
+    with pytest.raises(UserError, match="has no reward parameter"):
+        make_task("cartpole-balance", num_envs=2, reward_params={"sigma": 1.0})

@@ -144,7 +144,8 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
     console().print(recipes)
     if cfg.rewards:
         for row in rows:
-            terms = Table(title=f"{row['name']}: reward terms (`hetlab train --reward-weights NAME WEIGHT` overrides)")
+            terms = Table(title=f"{row['name']}: reward terms (`hetlab train --reward-weights NAME WEIGHT` and "
+                                "`--reward-params NAME.PARAMETER VALUE` override them)")
             for column, justify in (("term", "left"), ("weight", "right"), ("parameters", "left"),
                                     ("penalty curriculum", "left")):
                 terms.add_column(column, justify=justify)

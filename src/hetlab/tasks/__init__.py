@@ -54,6 +54,11 @@ def _validated_config(name: str, overrides: dict) -> TaskConfig:
     if unknown_terms:
         raise UserError(f"task {name!r} has no reward term(s) {', '.join(unknown_terms)}; its terms: "
                         f"{', '.join(cls.rewards)} (`hetlab tasks --rewards` lists them with their weights)")
+    parameters = {f"{term_name}.{parameter}" for term_name, term in cls.rewards.items() for parameter in term.params}
+    unknown_parameters = sorted(set(cfg.reward_params) - parameters)
+    if unknown_parameters:
+        raise UserError(f"task {name!r} has no reward parameter(s) {', '.join(unknown_parameters)}; its parameters "
+                        f"(TERM.PARAMETER): {', '.join(sorted(parameters)) or 'none'}")
     cls.check_assets(cfg)
     if cfg.sim_dt:
         check_physics_step(cls, cfg)

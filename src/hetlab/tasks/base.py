@@ -54,6 +54,7 @@ class TaskConfig:
     reset_noise: float = 0.0  # uniform ± noise on joint positions/velocities at reset
     sim_dt: float = 0.0  # physics step in seconds, dividing the control step; 0 = the task's own
     reward_weights: dict[str, float] = field(default_factory=dict)  # reward terms' weights over the task's own
+    reward_params: dict[str, float] = field(default_factory=dict)  # "term.parameter": value, over the task's own
 
 
 class Task(ABC):
@@ -121,6 +122,10 @@ class Task(ABC):
         self.last_actions = np.zeros((n, self.action_size), np.float32)
         self.actions = self.last_actions  # this step's, once stepped
         self.reward_weights = {name: term.weight for name, term in self.rewards.items()} | cfg.reward_weights
+        self.reward_params = {name: dict(term.params) for name, term in self.rewards.items()}
+        for key, value in cfg.reward_params.items():
+            name, parameter = key.split(".")
+            self.reward_params[name][parameter] = value
         self.tracked_sums = np.zeros((n, len(self.tracked_terms)), np.float64)
         self.curriculum: PenaltyCurriculum | None = None
         self._obs: Obs | None = None
@@ -148,7 +153,7 @@ class Task(ABC):
         self.actions = actions
         self._update_state(actions)
 
-        terms = {name: term.function(self, **term.params) for name, term in self.rewards.items()}
+        terms = {name: term.function(self, **self.reward_params[name]) for name, term in self.rewards.items()}
         reward = np.zeros(self.num_envs, np.float64)
         term_means = {}
         penalty_scale = float(self.curriculum.scale) if self.curriculum is not None else 1.0

@@ -75,6 +75,8 @@ class TrainConfig:
     sim_dt: float = 0.0
     # the task's reward terms' weights, over its own: e.g. --reward-weights alive 0.5 (`hetlab tasks --rewards` lists them)
     reward_weights: dict[str, float] = field(default_factory=dict)
+    # the reward terms' parameters over the task's own: e.g. --reward-params tracking_lin_vel.sigma 0.5
+    reward_params: dict[str, float] = field(default_factory=dict)
     envs: int = 1024  # in total, split evenly over the collectors
     collectors: int = 1  # collector processes
     sim: Literal[tuple(SIMS)] = "mujoco"  # physics backend
@@ -169,7 +171,8 @@ class TrainConfig:
     def task_options(self) -> dict[str, object]:
         """The task's own options the run sets (each task refuses the ones it does not have)."""
         return {name: value for name, value in
-                (("motion", self.motion), ("sim_dt", self.sim_dt), ("reward_weights", self.reward_weights)) if value}
+                (("motion", self.motion), ("sim_dt", self.sim_dt), ("reward_weights", self.reward_weights),
+                 ("reward_params", self.reward_params)) if value}
 
     def task_kwargs(self, num_envs: int, threads: int, seed: int, **overrides) -> dict[str, object]:
         """`make_task`'s options for `num_envs` envs of the run's task: its backend and own options."""
