@@ -339,3 +339,13 @@ def test_each_run_is_reported_with_its_own_settings_and_differences_are_flagged(
 
 def test_a_report_of_runs_that_agree_flags_nothing(report):
     assert "differ in their settings" not in report and "**" not in section(report, "Runs")
+
+
+def test_a_summary_without_a_field_the_report_reads_is_named_in_one_line(tmp_path):
+    out, study = write_study(tmp_path)
+    summary_path = out / "cache-s2000" / "summary.json"
+    summary_path.write_text(json.dumps({k: v for k, v in json.loads(summary_path.read_text()).items()
+                                        if k != "samples_per_s"}))
+    with pytest.raises(UserError, match=re.escape(f"{summary_path} does not hold what a PhaseBSummary records "
+                                                  "(KeyError('samples_per_s'))")):
+        write_study_report(out, study)

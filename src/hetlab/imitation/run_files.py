@@ -1,9 +1,11 @@
 """An AR-Actor run's files (Phase A or B), read with one-line errors: its config.json as an `ARActorRun`
-(the model, the images, the phase's options), its checkpoints and the weights they hold."""
+(the model, the images, the phase's options), a Phase-B run's summary.json as a `PhaseBSummary`, an
+evaluation's results.json as `EvaluationResults`, its checkpoints and the weights they hold."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +76,58 @@ class ARActorRun:
 def read_run(run_dir: Path) -> ARActorRun:
     """A Phase-A or Phase-B run's config.json, typed, without loading its weights."""
     return ARActorRun.from_json(read_run_config(run_dir), run_dir)
+
+
+@dataclass(frozen=True)
+class PhaseBSummary:
+    """What a Phase-B run's summary.json records (phase_b.py writes it), as the study reads it."""
+
+    condition: str
+    seed: int
+    steps: int
+    samples: int  # this launch's: its time, power and memory are measured over them
+    stopped_by: str
+    wall_s: float
+    samples_per_s: float
+    breakdown_s: dict[str, dict[str, float]]  # role (producer, learner) → stage → seconds
+    encoder: dict  # how the frozen encoder ran: backend, precision, device, boundary
+    power: list[dict]  # per device: what `DeviceEnergy` records
+    energy_per_sample: dict  # per_device, combined, missing
+    peak_memory: dict  # bytes, what
+    cache: dict | None  # the feature cache's description (the cache conditions)
+
+
+@dataclass(frozen=True)
+class EvaluationResults:
+    """What an evaluation's results.json records (evaluate.py writes it), as the study reads it."""
+
+    seeds: str
+    replan_every: int
+    max_steps: int
+    episodes: int
+    successes: int
+    success_rate: float
+    wilson95: list[float]  # the success rate's 95 % interval
+    per_seed: list[dict]  # seed, success
+
+
+def read_summary(path: Path) -> PhaseBSummary:
+    return _read_record(PhaseBSummary, path, "train the run again (`hetlab offload study` finishes it)")
+
+
+def read_results(path: Path) -> EvaluationResults:
+    return _read_record(EvaluationResults, path, "evaluate the run again (`hetlab offload study` finishes it)")
+
+
+def _read_record(record: type, path: Path, fix: str):
+    """The fields of `record` from the JSON file at `path`; UserError naming the file and `fix`."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return record(**{field.name: data[field.name] for field in dataclasses.fields(record)})
+    except OSError as e:
+        raise UserError(f"{path}: cannot read it ({e.strerror}); {fix}") from e
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, a field missing, not an object
+        raise UserError(f"{path} does not hold what a {record.__name__} records ({e!r}); {fix}") from e
 
 
 def read_phase_a_config(run_dir: Path, needs: str) -> dict:

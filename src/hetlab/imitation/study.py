@@ -39,7 +39,7 @@ from hetlab.imitation.evaluate import check_seeds_held_out, evaluate, training_s
 from hetlab.datasets.lerobot import load_info
 from hetlab.imitation.data import check_recording
 from hetlab.imitation.phase_b import PhaseBConfig, train_phase_b, with_phase_a_schedule
-from hetlab.imitation.run_files import ARActorRun, load_policy, read_run
+from hetlab.imitation.run_files import ARActorRun, load_policy, read_run, read_summary
 from hetlab.imitation.schedule import check_schedule
 from hetlab.imitation.study_report import write_study_report
 from hetlab.offload.backends import make_backend
@@ -152,7 +152,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                 started = _finished(run_dir / "checkpoint.json", wanted,
                                     lambda: run_settings(read_run(run_dir).options))
                 summary = run_dir / "summary.json"
-                if not (started and summary.is_file() and json.loads(summary.read_text())["steps"] >= cfg.steps):
+                if not (started and summary.is_file() and read_summary(summary).steps >= cfg.steps):
                     job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
                     try:
                         call_in_own_process(_train, job, name="phase-b")

@@ -12,7 +12,6 @@ is also pooled over them.
 
 from __future__ import annotations
 
-import json
 import platform
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from hetlab.measure.stats import paired_difference_interval, wilson_interval
 from hetlab.devices import pick_device
 from hetlab.errors import UserError
 from hetlab.files import atomic_path, write_text_atomic
-from hetlab.imitation.run_files import ARActorRun, read_run
+from hetlab.imitation.run_files import ARActorRun, EvaluationResults, PhaseBSummary, read_results, read_run, read_summary
 from hetlab.policies.ar_actor import ARActor, parameter_split
 
 FIDELITY_GOAL = 0.9975  # INT8-vs-FP32 cosine of an offloaded boundary's output
@@ -60,8 +59,8 @@ class Run:
     condition: str
     seed: int
     config: ARActorRun  # its config.json
-    summary: dict
-    results: dict
+    summary: PhaseBSummary
+    results: EvaluationResults
 
     @property
     def name(self) -> str:
@@ -87,8 +86,8 @@ def load_runs(study: dict) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {}
     for (condition, seed), files in paths.items():
         config, summary, results = files
-        runs.setdefault(condition, []).append(Run(condition, seed, read_run(config.parent),
-                                                  *(json.loads(path.read_text()) for path in (summary, results))))
+        runs.setdefault(condition, []).append(Run(condition, seed, read_run(config.parent), read_summary(summary),
+                                                  read_results(results)))
     return runs
 
 
@@ -131,13 +130,13 @@ def made_with(run: Run) -> dict[str, str]:
         settings["offload precision"] = phase_b["offload_precision"]
         if phase_b["offload_precision"] == "int8":
             # As the backend made it (its overflow fix decided), else as asked.
-            settings["quantisation"] = quantisation(run.summary["encoder"].get("quantise", phase_b["quantise"]))
+            settings["quantisation"] = quantisation(run.summary.encoder.get("quantise", phase_b["quantise"]))
             settings["calibration episodes"] = phase_b["calibration_episodes"]
     if is_cache(run.condition):
         settings["cache dtype"] = phase_b["cache_dtype"]
-    settings["evaluation seeds"] = results["seeds"]
-    settings["evaluation episode length"] = f"{results['max_steps']} steps"
-    settings["replanning"] = f"every {results['replan_every']} actions"
+    settings["evaluation seeds"] = results.seeds
+    settings["evaluation episode length"] = f"{results.max_steps} steps"
+    settings["replanning"] = f"every {results.replan_every} actions"
     return settings
 
 
@@ -174,7 +173,7 @@ def introduction(runs: dict[str, list[Run]]) -> str:
         return " or ".join(dict.fromkeys(s[setting] for s in settings.values() if setting in s))
 
     seeds = list(dict.fromkeys(run.seed for condition_runs in runs.values() for run in condition_runs))
-    episodes = sorted({run.results["episodes"] for condition_runs in runs.values() for run in condition_runs})
+    episodes = sorted({run.results.episodes for condition_runs in runs.values() for run in condition_runs})
     text = (f"# Phase B study: the frozen visual encoder, offloaded\n\n"
             f"A new action expert was trained on the frozen visual encoder of the Phase-A run {stated('Phase-A run')} "
             f"under {len(runs)} conditions ({', '.join(runs)}), with training seeds {', '.join(map(str, seeds))}, "
@@ -195,9 +194,9 @@ def introduction(runs: dict[str, list[Run]]) -> str:
     text += (f" Machine (where this report was written): {platform.platform()}, {pick_device('cpu').name}. "
              "Times, energy and memory are means over the training seeds; the Runs table lists what each run was "
              "made with, from its own files.")
-    stopped = [f"{condition} seed {run.seed} stopped after {run.summary['steps']} steps ({run.summary['stopped_by']})"
+    stopped = [f"{condition} seed {run.seed} stopped after {run.summary.steps} steps ({run.summary.stopped_by})"
                for condition, condition_runs in runs.items() for run in condition_runs
-               if run.summary["steps"] != run.config.options["steps"]]
+               if run.summary.steps != run.config.options["steps"]]
     if stopped:
         text += " Not every run reached its steps: " + "; ".join(stopped) + "."
     if differing:
@@ -237,7 +236,7 @@ def model_split(model: ARActor) -> str:
 def conditions_table(runs: dict[str, list[Run]]) -> str:
     rows = []
     for condition, condition_runs in runs.items():
-        encoder = condition_runs[0].summary["encoder"]
+        encoder = condition_runs[0].summary.encoder
         boundary = encoder.get("boundary")
         rows.append([condition, encoder_place(encoder), encoder["precision"],
                      "—" if boundary is None else str(boundary),
@@ -255,10 +254,10 @@ def encoder_place(encoder: dict) -> str:
 
 
 def time_section(runs: dict[str, list[Run]], figure: Path) -> str:
-    throughput = {c: mean(run.summary["samples_per_s"] for run in rs) for c, rs in runs.items()}
-    wall_s = {c: mean(run.summary["wall_s"] for run in rs) for c, rs in runs.items()}
+    throughput = {c: mean(run.summary.samples_per_s for run in rs) for c, rs in runs.items()}
+    wall_s = {c: mean(run.summary.wall_s for run in rs) for c, rs in runs.items()}
     per_step = {c: stage_ms_per_step(rs) for c, rs in runs.items()}
-    wall_ms = {c: mean(1000 * run.summary["wall_s"] / run.summary["steps"] for run in rs) for c, rs in runs.items()}
+    wall_ms = {c: mean(1000 * run.summary.wall_s / run.summary.steps for run in rs) for c, rs in runs.items()}
     rows = []
     for condition in runs:
         speedup = f"{throughput[condition] / throughput['learner']:.2f}×" if "learner" in runs else "—"
@@ -280,8 +279,8 @@ def stage_ms_per_step(condition_runs: list[Run]) -> dict[str, float]:
     """{stage name: ms per step, mean over seeds} for the stages the condition recorded."""
     stages = {}
     for role, stage, name in TIME_STAGES:
-        recorded = [1000 * run.summary["breakdown_s"][role][stage] / run.summary["steps"] for run in condition_runs
-                    if stage in run.summary["breakdown_s"].get(role, {})]
+        recorded = [1000 * run.summary.breakdown_s[role][stage] / run.summary.steps for run in condition_runs
+                    if stage in run.summary.breakdown_s.get(role, {})]
         if recorded:
             stages[name] = mean(recorded)
     return stages
@@ -292,8 +291,8 @@ def energy_section(runs: dict[str, list[Run]], figure: Path) -> str:
     for condition, condition_runs in runs.items():
         per_device, left_out = {}, []
         for device in devices(condition_runs):
-            reports = [row for run in condition_runs for row in run.summary["power"] if row["device"] == device]
-            measured = [(row, run) for run in condition_runs for row in run.summary["power"]
+            reports = [row for run in condition_runs for row in run.summary.power if row["device"] == device]
+            measured = [(row, run) for run in condition_runs for row in run.summary.power
                         if row["device"] == device and row["joules"] is not None]
             if not measured:
                 reasons = "; ".join(sorted({row["not_measured"] for row in reports}))
@@ -302,7 +301,7 @@ def energy_section(runs: dict[str, list[Run]], figure: Path) -> str:
                 continue
             seeds_note = ("" if len(measured) == len(condition_runs)
                           else f" ({len(measured)} of {len(condition_runs)} seeds)")
-            joules_per_sample = mean(run.summary["energy_per_sample"]["per_device"][device] for _, run in measured)
+            joules_per_sample = mean(run.summary.energy_per_sample["per_device"][device] for _, run in measured)
             device_rows.append([condition, device, measured[0][0]["method"] + seeds_note,
                                 f"{mean(row['mean_watts'] for row, _ in measured):.1f}",
                                 f"{mean(row['joules'] for row, _ in measured):.1f}", f"{joules_per_sample:.4g}"])
@@ -326,12 +325,12 @@ def energy_section(runs: dict[str, list[Run]], figure: Path) -> str:
 
 def devices(condition_runs: list[Run]) -> list[str]:
     """Every device in the condition's power reports, in the order they were first reported."""
-    return list(dict.fromkeys(row["device"] for run in condition_runs for row in run.summary["power"]))
+    return list(dict.fromkeys(row["device"] for run in condition_runs for row in run.summary.power))
 
 
 def memory_section(runs: dict[str, list[Run]], figure: Path) -> str:
-    mebibytes = {c: mean(run.summary["peak_memory"]["bytes"] / 2**20 for run in rs) for c, rs in runs.items()}
-    what = {c: ", ".join(dict.fromkeys(run.summary["peak_memory"]["what"] for run in rs)) for c, rs in runs.items()}
+    mebibytes = {c: mean(run.summary.peak_memory["bytes"] / 2**20 for run in rs) for c, rs in runs.items()}
+    what = {c: ", ".join(dict.fromkeys(run.summary.peak_memory["what"] for run in rs)) for c, rs in runs.items()}
     plot_memory(mebibytes, what, figure)
     rows = [[condition, f"{mebibytes[condition]:.0f}", what[condition]] for condition in runs]
     return ("## Peak memory\n\n" + table(["condition", "MiB", "what"], rows)
@@ -343,14 +342,14 @@ def success_section(runs: dict[str, list[Run]], figure: Path) -> str:
     for condition, condition_runs in runs.items():
         for run in condition_runs:
             r = run.results
-            rows.append([condition, str(run.seed), f"{r['successes']}/{r['episodes']}", f"{r['success_rate']:.3f}",
-                         interval(r["wilson95"])])
-        successes = sum(run.results["successes"] for run in condition_runs)
-        episodes = sum(run.results["episodes"] for run in condition_runs)
+            rows.append([condition, str(run.seed), f"{r.successes}/{r.episodes}", f"{r.success_rate:.3f}",
+                         interval(r.wilson95)])
+        successes = sum(run.results.successes for run in condition_runs)
+        episodes = sum(run.results.episodes for run in condition_runs)
         pooled[condition] = (successes / episodes, wilson_interval(successes, episodes))
         rows.append([condition, "pooled", f"{successes}/{episodes}", f"{successes / episodes:.3f}",
                      interval(pooled[condition][1])])
-    plot_success(pooled, {c: [run.results["success_rate"] for run in rs] for c, rs in runs.items()}, figure)
+    plot_success(pooled, {c: [run.results.success_rate for run in rs] for c, rs in runs.items()}, figure)
     return ("## Task success\n\n"
             + table(["condition", "training seed", "successes/episodes", "rate", "Wilson 95 %"], rows)
             + f"\n\n![success rate]({figure.name})" + differences_section(runs))
@@ -366,7 +365,7 @@ def comparisons(conditions) -> list[tuple[str, str]]:
 def outcomes(condition_runs: list[Run]) -> dict[tuple[int, int], bool]:
     """{(training seed, environment seed): success} of a condition's evaluations."""
     return {(run.seed, episode["seed"]): episode["success"] for run in condition_runs
-            for episode in run.results["per_seed"]}
+            for episode in run.results.per_seed}
 
 
 def differences_section(runs: dict[str, list[Run]]) -> str:
@@ -417,17 +416,17 @@ def cache_section(runs: dict[str, list[Run]]) -> str:
 
 def cache_paragraph(condition: str, runs: dict[str, list[Run]]) -> str:
     cache_runs = runs[condition]
-    cache = next(run.summary["cache"] for run in cache_runs if run.summary["cache"])
+    cache = next(run.summary.cache for run in cache_runs if run.summary.cache)
     text = (f"{condition}: the cache holds {cache['frames']} frames × {cache['layers']} layers × "
             f"{cache['tokens']} tokens × {cache['d_model']} channels as {cache['dtype']}: "
             f"{cache['bytes'] / 2**20:.0f} MiB, built in {cache['build_s']:.1f} s.")
     if "learner" not in runs:
         return text + " Its speed-up is not computed: the learner-only condition was not run."
-    learner = mean(run.summary["samples_per_s"] for run in runs["learner"])
-    speedup = mean(run.summary["samples_per_s"] for run in cache_runs) / learner
+    learner = mean(run.summary.samples_per_s for run in runs["learner"])
+    speedup = mean(run.summary.samples_per_s for run in cache_runs) / learner
     # The build is done once, before training, so the cache runs' wall time leaves it out.
-    with_build = (sum(run.summary["samples"] for run in cache_runs)
-                  / (sum(run.summary["wall_s"] for run in cache_runs) + cache["build_s"]) / learner)
+    with_build = (sum(run.summary.samples for run in cache_runs)
+                  / (sum(run.summary.wall_s for run in cache_runs) + cache["build_s"]) / learner)
     verdict = "meets" if speedup >= CACHE_SPEEDUP_GOAL else "falls short of"
     return (text + f" Training from it runs at {speedup:.1f}× the learner-only samples/s, which {verdict} the "
             f"≥ {CACHE_SPEEDUP_GOAL:g}× goal; with its build time counted once against the training of the "
