@@ -122,6 +122,18 @@ def test_every_training_loop_stands_on_the_one_run_layer():
     assert set(TRAINING_LOOPS) <= run_layer_users, set(TRAINING_LOOPS) - run_layer_users
 
 
+def test_there_is_one_training_loop():
+    """Every training runs the layer's `loop` with its own data source and update: none of them
+    steps through its batches in a loop of its own."""
+    found = modules()
+    for module in TRAINING_LOOPS:
+        assert [name for _, name in calls(found[module], {"loop"})] == ["loop"], module
+        # A loop of its own would wait for data, update or go backwards inside a for or a while.
+        own = [node.lineno for node in ast.walk(found[module]) if isinstance(node, (ast.While, ast.For))
+               and calls(node, {"next_staged", "update", "backward"})]
+        assert not own, f"hetlab.{module} steps through batches in a loop of its own at lines {own}"
+
+
 def hand_typed_layouts(tree: ast.AST) -> list[int]:
     """Lines that assign a class's `obs_sizes` or a module's `*POLICY_NOISE` vector by hand."""
     lines = []

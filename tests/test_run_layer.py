@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -24,19 +25,22 @@ def training_run(run_dir, first_step=0, last_step=10, every=4, max_seconds=0.0):
 
 
 def run_steps(run: TrainingRun, until: int | None = None, signal_at: int | None = None) -> tuple[int, str]:
-    """A loop on the layer: a row and the cadence's checkpoints per step; stops as the layer says."""
-    step, stopped_by = run.first_step, "steps"
+    """A run on the layer's loop: a source of numbered batches, an update that learns nothing and a
+    row per step."""
+    def update(step, batch):
+        assert batch == step  # the loop hands the source's batches over in order
+        return True
+
+    def after(step):
+        run.log({"step": step, "loss": 1.0 / step, "wall_s": run.run_clock()}, {"train/loss": 1.0 / step}, step)
+        if step == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return "until" if step == until else None
+
     with run:
-        while step < run.last_step:
-            step += 1
-            run.log({"step": step, "loss": 1.0 / step, "wall_s": run.run_clock()}, {"train/loss": 1.0 / step}, step)
-            if step == signal_at:
-                os.kill(os.getpid(), signal.SIGTERM)
-            stop = run.after_step(step, lambda: run.checkpoint(step, {"step": step}))
-            if stop is not None or step == until:
-                stopped_by = stop or "until"
-                break
-    run.stopped(step, lambda: run.checkpoint(step, {"step": step}))
+        step, stopped_by = run.loop(run.first_step, itertools.count(run.first_step), update, after,
+                                    lambda step: run.checkpoint(step, {"step": step}), completed="steps",
+                                    ended=lambda: "source ended")
     run.finish({"steps": step, "stopped_by": stopped_by})
     return step, stopped_by
 
@@ -93,3 +97,39 @@ def test_a_failed_loop_still_closes_its_loggers_and_lets_the_error_through(tmp_p
             run.log({"step": 1, "loss": 1.0, "wall_s": 0.0}, {"train/loss": 1.0}, 1)
             raise RuntimeError("collector lost")
     assert run.loggers and all(logger.writer.all_writers is None for logger in run.loggers)  # closed
+
+
+def test_the_loop_completes_steps_as_the_update_says_and_stops_where_its_source_ends(tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = training_run(run_dir, last_step=10, every=2)
+    batches, logged = [], []
+    with run:
+        # Three batches to a step (as an off-policy iteration's updates), and a source of 7.
+        step, stopped_by = run.loop(0, range(7), lambda step, batch: batches.append(batch) or len(batches) % 3 == 0,
+                                    lambda step: logged.append(step), lambda step: run.checkpoint(step, {"step": step}),
+                                    completed="steps", ended=lambda: "source ended")
+    assert (step, stopped_by) == (2, "source ended") and logged == [1, 2] and batches == list(range(7))
+    assert load_checkpoint(run_dir)["step"] == 2  # written once, at the cadence: no second one where it stopped
+    assert capfd.readouterr().err.count("source ended: stopped after step 2") == 1
+
+
+def test_a_loop_checkpoints_a_step_once_when_its_own_cadence_saved_it(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = training_run(run_dir, last_step=6, every=3)
+    saved = []
+
+    def checkpoint(step):
+        saved.append(step)
+        run.checkpoint(step, {"step": step})
+
+    def after(step):
+        if step in (2, 3):  # a new best, as RL's evaluations checkpoint it; 3 is also on the cadence
+            checkpoint(step)
+        return None
+
+    with run:
+        assert run.loop(0, itertools.count(), lambda step, batch: True, after, checkpoint, completed="steps",
+                        ended=lambda: "source ended") == (6, "steps")
+    assert saved == [2, 3, 6]

@@ -124,53 +124,53 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                       f"hetlab aloha train --resume {shlex.quote(str(run_dir))}", first_step=step,
                       last_step=preset.steps, checkpoint_every=preset.checkpoint_every, max_seconds=cfg.max_seconds,
                       row_steps=lambda row: row["step"], clock="wall_s")
-    first_step, stopped_by = step, "steps"
+    first_step = step
     window_start, window_losses = time.perf_counter(), []
+    latest: dict[str, float] = {}  # the last step's gradient norm, for the row
 
-    def checkpoint() -> None:
+    def checkpoint(step: int) -> None:
         run.checkpoint(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        keep=cfg.keep_checkpoints)
+
+    def update(step: int, batch) -> bool:
+        images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
+        torch.manual_seed(dropout_seed(cfg.seed, step))  # a function of the step, so resume is exact
+        generator = step_generator(cfg.seed, step)
+        mask = random_history_mask(cfg.batch, preset.model.chunk, preset.model.max_history_mask,
+                                   generator).to(images.device)
+        images = random_shift(images, preset.image_shift, generator)  # after the mask: Phase B draws it alike
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, preset.lr, preset.lr_decay, preset.steps)
+        with autocast_for(device, cfg.precision):
+            predicted = forward(images, state_, actions, mask)
+        loss = chunk_l1(predicted.float(), model.action_expert.normalise(actions), is_pad)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        latest["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip))
+        optimizer.step()
+        window_losses.append(loss.item())
+        return True
+
+    def after(step: int) -> None:
+        nonlocal window_start, window_losses
+        if step % preset.log_every == 0 or step == preset.steps:
+            now = time.perf_counter()
+            row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": latest["grad_norm"],
+                   "lr": optimizer.param_groups[0]["lr"],
+                   "samples_per_s": len(window_losses) * cfg.batch / (now - window_start), "wall_s": run.run_clock()}
+            run.log(row, {f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")}, step)
+            progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
+            window_start, window_losses = now, []
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
     try:
         with run, progress:
             job = progress.add_task("steps", total=preset.steps, completed=step, loss="")
-            for batch in loader:
-                images, state_, actions, is_pad = device_batch(batch, torch.device(device.torch_device))
-                torch.manual_seed(dropout_seed(cfg.seed, step))  # a function of the step, so resume is exact
-                generator = step_generator(cfg.seed, step)
-                mask = random_history_mask(cfg.batch, preset.model.chunk, preset.model.max_history_mask,
-                                           generator).to(images.device)
-                images = random_shift(images, preset.image_shift, generator)  # after the mask: Phase B draws it alike
-                for group in optimizer.param_groups:
-                    group["lr"] = learning_rate(step, preset.lr, preset.lr_decay, preset.steps)
-                with autocast_for(device, cfg.precision):
-                    predicted = forward(images, state_, actions, mask)
-                loss = chunk_l1(predicted.float(), model.action_expert.normalise(actions), is_pad)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()
-                step += 1
-                window_losses.append(loss.item())
-                if step % preset.log_every == 0 or step == preset.steps:
-                    now = time.perf_counter()
-                    row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": float(grad_norm),
-                           "lr": optimizer.param_groups[0]["lr"],
-                           "samples_per_s": len(window_losses) * cfg.batch / (now - window_start),
-                           "wall_s": run.run_clock()}
-                    run.log(row, {f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")},
-                            step)
-                    progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
-                    window_start, window_losses = now, []
-                stop = run.after_step(step, checkpoint)
-                if stop is not None:
-                    stopped_by = stop
-                    break
+            step, stopped_by = run.loop(step, loader, update, after, checkpoint, completed="steps",
+                                        ended=lambda: "steps")
     finally:
         torch.set_num_threads(threads_before)
-    run.stopped(step, checkpoint)
     _finish(run, step, first_step, stopped_by, figures)
     return run_dir
 

@@ -332,71 +332,71 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                       f"hetlab aloha train --phase B --resume {shlex.quote(str(run_dir))}", first_step=first_step,
                       last_step=cfg.steps, checkpoint_every=cfg.checkpoint_every, max_seconds=cfg.max_seconds,
                       row_steps=lambda row: row["step"], clock="wall_s")
-    step, stopped_by = first_step, "steps"
-    job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps, completed=step) \
+    job = progress.add_task(f"phase B {cfg.condition} seed {cfg.seed}", total=cfg.steps, completed=first_step) \
         if progress is not None else None
 
-    def checkpoint() -> None:
+    def checkpoint(step: int) -> None:
         run.checkpoint(step, {"action_expert": expert.state_dict(), "optimizer": optimizer.state_dict(), "step": step})
+
+    def update(step: int, prepared) -> bool:
+        batch = prepared.batch
+        with learner.span("transfer"):
+            actions = batch[ACTION].to(torch_device, non_blocking=True)
+            is_pad = batch["action_is_pad"].to(torch_device, non_blocking=True)
+            if cfg.condition == "cache":
+                inputs = [t.to(torch_device, non_blocking=True) for t in batch["layer_tokens"]]
+            elif cfg.boundary:
+                inputs = [t.to(torch_device, non_blocking=True) for t in prepared.tokens]
+            else:
+                inputs = (batch["images"].to(torch_device, non_blocking=True), batch[STATE].to(torch_device))
+        with learner.span("encode"), torch.no_grad():
+            if cfg.condition == "cache":
+                layer_tokens = inputs
+            elif cfg.boundary:
+                layer_tokens = visual.encode_rest(inputs, cfg.boundary)
+            else:
+                layer_tokens = visual(*inputs)
+        with learner.span("update"):
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, cfg.lr, cfg.lr_decay, cfg.steps)
+            torch.manual_seed(dropout_seed(cfg.seed, step))
+            mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
+                                       step_generator(cfg.seed, step)).to(torch_device)
+            target = expert.normalise(actions)
+            with autocast_for(device, cfg.precision):
+                predicted = expert(layer_tokens, target, mask)
+            loss = chunk_l1(predicted.float(), target, is_pad)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(expert.parameters(), cfg.grad_clip)
+            optimizer.step()
+            window.append(loss.item())
+        timeline.add(step, "producer", prepared.spans)
+        timeline.add(step, "learner", learner.take())
+        return True
+
+    def after(step: int) -> None:
+        if step % 10 == 0 or step == cfg.steps:
+            row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
+                   "wall_s": run.run_clock()}
+            run.log(row, {"train/loss": row["loss"], "train/lr": row["lr"]}, step)
+            window.clear()
+        if job is not None:
+            progress.update(job, completed=step)
 
     sampler.start()
     try:  # the sampler stops whatever fails; the run closes its loggers
         with run, Prefetcher(range(first_step, cfg.steps), load, encode, cfg.prefetch) as prefetcher:
-            while True:
+
+            def prepared():
                 with learner.span("wait_data"):
-                    prepared = prefetcher.get()
-                if prepared is None:
-                    break
-                batch = prepared.batch
-                with learner.span("transfer"):
-                    actions = batch[ACTION].to(torch_device, non_blocking=True)
-                    is_pad = batch["action_is_pad"].to(torch_device, non_blocking=True)
-                    if cfg.condition == "cache":
-                        inputs = [t.to(torch_device, non_blocking=True) for t in batch["layer_tokens"]]
-                    elif cfg.boundary:
-                        inputs = [t.to(torch_device, non_blocking=True) for t in prepared.tokens]
-                    else:
-                        inputs = (batch["images"].to(torch_device, non_blocking=True), batch[STATE].to(torch_device))
-                with learner.span("encode"), torch.no_grad():
-                    if cfg.condition == "cache":
-                        layer_tokens = inputs
-                    elif cfg.boundary:
-                        layer_tokens = visual.encode_rest(inputs, cfg.boundary)
-                    else:
-                        layer_tokens = visual(*inputs)
-                with learner.span("update"):
-                    for group in optimizer.param_groups:
-                        group["lr"] = learning_rate(step, cfg.lr, cfg.lr_decay, cfg.steps)
-                    torch.manual_seed(dropout_seed(cfg.seed, step))
-                    mask = random_history_mask(cfg.batch, model.cfg.chunk, model.cfg.max_history_mask,
-                                               step_generator(cfg.seed, step)).to(torch_device)
-                    target = expert.normalise(actions)
-                    with autocast_for(device, cfg.precision):
-                        predicted = expert(layer_tokens, target, mask)
-                    loss = chunk_l1(predicted.float(), target, is_pad)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(expert.parameters(), cfg.grad_clip)
-                    optimizer.step()
-                    window.append(loss.item())
-                timeline.add(step, "producer", prepared.spans)
-                timeline.add(step, "learner", learner.take())
-                step += 1
-                if step % 10 == 0 or step == cfg.steps:
-                    row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
-                           "wall_s": run.run_clock()}
-                    run.log(row, {"train/loss": row["loss"], "train/lr": row["lr"]}, step)
-                    window = []
-                if job is not None:
-                    progress.update(job, completed=step)
-                stop = run.after_step(step, checkpoint)
-                if stop is not None:
-                    stopped_by = stop
-                    break
+                    return prefetcher.get()
+
+            step, stopped_by = run.loop(first_step, iter(prepared, None), update, after, checkpoint,
+                                        completed="steps", ended=lambda: "steps")
     finally:
         wall = run.elapsed()
         sampler.stop()
-    run.stopped(step, checkpoint)
     samples = (step - first_step) * cfg.batch  # this launch's: time, power and memory are measured over it
     energy = sampler.report()
     summary = {

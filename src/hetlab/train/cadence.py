@@ -1,7 +1,7 @@
 """What both RL loops do between iterations, in one place: evaluate every --eval-every iterations,
-checkpoint at the run layer's cadence (--checkpoint-every) and whenever an evaluation beats the
-best so far (which `best` then names), film every --video-every, and stop at --target-return or
-once an evaluation passes the task's criteria (--until-solved).
+checkpoint whenever an evaluation beats the best so far (which `best` then names; the run layer
+checkpoints at --checkpoint-every), film every --video-every, and stop at --target-return or once
+an evaluation passes the task's criteria (--until-solved).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hetlab.train.video import PolicyVideos
 
 class Cadence:
     def __init__(self, cfg, record: RunRecord, device: torch.device, physics_threads: int, videos: PolicyVideos):
-        self.cfg, self.record, self.run_dir, self.videos = cfg, record, record.run_dir, videos
+        self.cfg, self.run_dir, self.videos = cfg, record.run_dir, videos
         # Stepped with a collector's physics threads: a sync run's collectors wait while it plays.
         self.evaluation = TrainingEvaluation(cfg.task, cfg.sim, cfg.eval_envs, cfg.seed, device, cfg.task_options,
                                              physics_threads) if cfg.eval_every else None
@@ -31,14 +31,12 @@ class Cadence:
         return self.evaluation is not None and (iteration + 1) % self.cfg.eval_every == 0
 
     def after(self, iterations: int, evaluated: dict, episode_columns: dict, actor,
-              checkpoint: Callable[[], None]) -> str | None:
+              checkpoint: Callable[[int], None]) -> str | None:
         """After `iterations` iterations (logged; `evaluated`: this one's evaluation columns, if any):
-        checkpoint, mark the best, film; the reason to stop now, or None."""
+        checkpoint and mark a new best, film; the reason to stop now, or None."""
         cfg = self.cfg
-        improved = bool(evaluated) and evaluated["eval/return"] > self.best_return
-        if improved or self.record.checkpoint_due(iterations):
-            checkpoint()
-        if improved:  # the policy just evaluated is the one the checkpoint holds
+        if evaluated and evaluated["eval/return"] > self.best_return:
+            checkpoint(iterations)  # the policy just evaluated, which `best` then names
             self.best_return = evaluated["eval/return"]
             mark_best(self.run_dir, iterations, evaluated)
         self.videos.after_iteration(iterations, actor)

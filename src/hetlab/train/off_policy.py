@@ -33,7 +33,7 @@ from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.tasks import task_class
 from hetlab.train.cadence import Cadence
-from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, mean
 from hetlab.train.video import PolicyVideos
 
 
@@ -60,7 +60,6 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
 
     episodes = EpisodeWindow()
     first_steps, first_updates = 0.0, updates  # where this launch of the run started
-    stopped_by = "max_iterations"
     with RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, ReplayBuffer(layout) as replay, ExitStack() as resources, \
             pool:
@@ -68,8 +67,8 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
         cadence = Cadence(cfg, record, torch.device(device.torch_device), physics_threads, videos)
         stager = server = None
 
-        def checkpoint() -> None:
-            _checkpoint(record, cfg, iteration, updates, algo, replay, stager)
+        def checkpoint(iterations: int) -> None:
+            _checkpoint(record, cfg, iterations, updates, algo, replay, stager)
 
         try:
             if snapshot is not None:
@@ -114,18 +113,15 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
             warm = False  # the learner's waits count from its first batch on, not during the random warm-up
             metas: list[dict] = []
             metrics: dict[str, float] = {}
-            while iteration < cfg.max_iterations:
-                if record.stop_reason() == "max_seconds":
-                    stopped_by = "max_seconds"
-                    break
+
+            def staged():
                 with learner.span("wait_data"):
-                    staged = pool.next_staged(stager, record.interrupted,
-                                              check=server.raise_if_failed if server is not None else None)
-                if staged is None:
-                    stopped_by = record.stop_reason() or pool.ended_by
-                    console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
-                    break
-                batch, new_metas, transfer = staged
+                    return pool.next_staged(stager, record.interrupted,
+                                            check=server.raise_if_failed if server is not None else None)
+
+            def update(iteration: int, staged_batch) -> bool:
+                nonlocal warm, metrics, updates
+                batch, new_metas, transfer = staged_batch
                 if not warm:
                     learner.take()
                     warm = True
@@ -141,9 +137,10 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                         else:
                             weights.publish(algo.actor.state_dict(), version=updates)
                 timeline.add(iteration, "stager", [transfer])
-                if updates % updates_per_iteration:
-                    continue
-                # An iteration is complete: log it.
+                return updates % updates_per_iteration == 0  # an iteration is complete
+
+            def after(iterations: int) -> str | None:
+                iteration = iterations - 1
                 lags = []
                 for meta in metas:
                     episodes.add(meta)
@@ -177,13 +174,11 @@ def train_off_policy(cfg, run_dir: Path, device: LearnerDevice, algo: Algorithm,
                     **pool.metrics(),
                     **evaluated,
                 }, {name: mean([t[name] for t in terms]) for name in terms[0]} if terms else {})
-                metas = []
-                iteration += 1
-                stop = cadence.after(iteration, evaluated, returns, algo.actor, checkpoint)
-                if stop is not None:
-                    stopped_by = stop
-                    break
-            record.stopped(iteration, checkpoint)
+                metas.clear()
+                return cadence.after(iterations, evaluated, returns, algo.actor, checkpoint)
+
+            iteration, stopped_by = record.loop(iteration, iter(staged, None), update, after, checkpoint,
+                                                completed="max_iterations", ended=lambda: pool.ended_by)
         finally:
             wall = record.elapsed()
             for thread in (stager, server):

@@ -25,7 +25,7 @@ from hetlab.runtime.staging import DeviceStager
 from hetlab.measure.timeline import SpanRecorder
 from hetlab.runtime.weights import WeightBroadcast
 from hetlab.train.cadence import Cadence
-from hetlab.train.run import EpisodeWindow, RunRecord, console, mean
+from hetlab.train.run import EpisodeWindow, RunRecord, mean
 from hetlab.train.video import PolicyVideos
 
 
@@ -39,7 +39,6 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
     collector_states = resume_state["collectors"] if resume_state else [None] * cfg.collectors
     episodes = EpisodeWindow()
     first_iteration = iteration
-    stopped_by = "max_iterations"
     with RunRecord(run_dir, cfg, first_iteration=iteration) as record, \
             PolicyVideos(cfg, run_dir, record) as videos, \
             RolloutRing(cfg.rollout_layout(), cfg.resolved_ring_slots) as ring, \
@@ -47,8 +46,8 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
         timeline = record.timeline
         cadence = Cadence(cfg, record, torch.device(device.torch_device), physics_threads, videos)
 
-        def checkpoint() -> None:
-            _checkpoint(record, iteration, algo, collector_states, sync, cfg.keep_checkpoints)
+        def checkpoint(iterations: int) -> None:
+            _checkpoint(record, iterations, algo, collector_states, sync, cfg.keep_checkpoints)
 
         stager = None
         try:
@@ -70,62 +69,62 @@ def train_on_policy(cfg, run_dir: Path, device: LearnerDevice, algo: OnPolicyAlg
             stager = DeviceStager(ring, cfg.collectors, device, by_collector=sync)
             stager.start()
             learner = SpanRecorder()
-            while iteration < cfg.max_iterations:
-                if record.stop_reason() == "max_seconds":
-                    stopped_by = "max_seconds"
-                    break
+            latest: dict = {}  # the iteration update() learned from, for after() to log
+
+            def staged():
                 with learner.span("wait_data"):
-                    staged = pool.next_staged(stager, record.interrupted)
-                if staged is None:
-                    stopped_by = record.stop_reason() or pool.ended_by
-                    console.print(f"[yellow]{stopped_by}: stopping after a final checkpoint[/]")
-                    break
-                batch, metas = staged
+                    return pool.next_staged(stager, record.interrupted)
+
+            def update(iteration: int, rollout) -> bool:
+                batch, metas = rollout
                 if sync and any(meta["version"] != iteration for meta in metas):
                     raise RuntimeError(f"a sync rollout was collected with weights {[m['version'] for m in metas]}, "
                                        f"not the newest ({iteration})")
                 with learner.span("update"):
                     metrics = algo.update(batch)
                     weights.publish(algo.actor.state_dict(), version=iteration + 1)
-                lag = float(iteration - batch["policy_version"].float().mean().item())
                 for meta in metas:
                     episodes.add(meta)
                     timeline.add(iteration, f"collector {meta['collector']}", meta["spans"])
                     timeline.add(iteration, "stager", meta.get("transfer_spans", []))
                     collector_states[meta["collector"]] = meta["state"]
+                lag = float(iteration - batch["policy_version"].float().mean().item())
+                latest.update(metas=metas, metrics=metrics, lag=lag)
+                return True
+
+            def after(iterations: int) -> str | None:
+                iteration, metas = iterations - 1, latest["metas"]
                 evaluated = {}
                 if cadence.evaluates(iteration):
                     with learner.span("evaluate"):
                         evaluated = cadence.evaluation.run(algo.actor)
                 timeline.add(iteration, "learner", learner.take())
-                steps = (iteration + 1) * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
+                steps = iterations * cfg.horizon * cfg.envs  # over the whole run, earlier launches included
                 wall = record.elapsed()
                 returns = episodes.row()
                 record.log({
                     "iteration": iteration,
                     "env_steps": steps,
                     "wall_seconds": wall,
-                    "env_steps_per_s": (iteration + 1 - first_iteration) * cfg.horizon * cfg.envs / wall,
+                    "env_steps_per_s": (iterations - first_iteration) * cfg.horizon * cfg.envs / wall,
                     **returns,
-                    "policy_lag": lag,
+                    "policy_lag": latest["lag"],
                     "learner_utilisation": timeline.fraction("learner", ("update",)),
                     "collector_utilisation": mean([timeline.fraction(f"collector {i}", ("env_step", "inference", "write"))
                                                    for i in range(cfg.collectors)]),
-                    **{f"loss/{k}": v for k, v in metrics.items()},
+                    **{f"loss/{k}": v for k, v in latest["metrics"].items()},
                     **pool.metrics(),
                     **evaluated,
                 }, {name: mean([m["reward_terms"][name] for m in metas]) for name in metas[0]["reward_terms"]})
-                iteration += 1
-                stop = cadence.after(iteration, evaluated, returns, algo.actor, checkpoint)
-                if stop is not None:
-                    stopped_by = stop
-                    break
+                return cadence.after(iterations, evaluated, returns, algo.actor, checkpoint)
+
+            iteration, stopped_by = record.loop(iteration, iter(staged, None), update, after, checkpoint,
+                                                completed="max_iterations", ended=lambda: pool.ended_by)
         finally:
             wall = record.elapsed()  # the run's own time, before the shutdown below
             if stager is not None:
                 stager.stop()
             pool.stop(ring.drain_one)
-    record.stopped(iteration, checkpoint)
     record.finish(wall, stopped_by, (iteration - first_iteration) * cfg.horizon * cfg.envs)
 
 

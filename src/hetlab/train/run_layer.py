@@ -8,9 +8,11 @@ Phase B of `hetlab aloha train`): what a run does around its steps, written once
   opened on entry and closed on exit, told whether the launch failed. A resumed run keeps the rows
   logged up to its checkpoint (this launch logs the later ones again) and its clock goes on from
   theirs, so a resume never shrinks what a run has written.
-- Checkpoints: every `checkpoint_every` steps and at the last step (`checkpoint_due`), and where a run
-  stops before either (`stopped`). Each one writes the history first — a process killed between
-  the two leaves rows the older checkpoint's resume drops and logs again, where the other order
+- The loop (`loop`): one for every run. It takes the run's data source and its update, and
+  around them stops, logs through the run's own `after`, and checkpoints every
+  `checkpoint_every` steps, at the last step and wherever a run stops off that cadence, never
+  twice at one step. Each checkpoint writes the history first — a process killed between the
+  two leaves rows the older checkpoint's resume drops and logs again, where the other order
   would leave a checkpoint whose rows are lost — and then names the command that continues it
   (stop_signals.resume_with), for a stop signal or a full disk to print.
 
@@ -21,10 +23,12 @@ them were done when a history row was logged, and `clock` names the rows' wall-c
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from hetlab.checkpoint import KEEP, save_checkpoint
 from hetlab.files import write_text_atomic
@@ -43,6 +47,7 @@ class TrainingRun:
         self.earlier_rows = len(self.history)
         self.wall_offset = self.history[-1][clock] if self.history else 0.0
         self.loggers = []
+        self.saved_step = first_step  # the newest checkpoint's step
         self.started = time.perf_counter()
 
     def __enter__(self):
@@ -93,18 +98,43 @@ class TrainingRun:
         command that continues from it."""
         write_history(self.run_dir, self.history)
         save_checkpoint(self.run_dir, step, state, write_extra=write_extra, keep=keep)
+        self.saved_step = step
         resume_with(self.resume_command)
 
-    def after_step(self, step: int, checkpoint: Callable[[], None]) -> str | None:
-        """At a step boundary: the checkpoint the cadence asks for, then the reason to stop now, if any."""
-        if self.checkpoint_due(step):
-            checkpoint()
-        return self.stop_reason()
-
-    def stopped(self, step: int, checkpoint: Callable[[], None]) -> None:
-        """A run that stopped where its cadence wrote no checkpoint writes one there."""
-        if not self.checkpoint_due(step):
-            checkpoint()
+    def loop(self, step: int, batches: Iterable, update: Callable[[int, Any], bool],
+             after: Callable[[int], str | None], checkpoint: Callable[[int], None], *,
+             completed: str, ended: Callable[[], str]) -> tuple[int, str]:
+        """The training loop of every run, from `step` on: `update(step, batch)` learns from each batch
+        of the data source and says whether that completed step `step` (an off-policy iteration takes
+        several batches); `after(steps done)` logs it, does what the run's own cadence asks (evaluate,
+        film, checkpoint a new best) and returns a reason to stop, if any. It also stops at a stop
+        signal, the time budget, the end of `batches` (`ended()` says why) and the last step
+        (`completed`). `checkpoint(step)` saves the run; it comes at the cadence and where the run
+        stopped. Returns the steps done and why the loop stopped."""
+        batches = iter(batches)
+        while step < self.last_step:
+            stopped_by = self.stop_reason()
+            if stopped_by is not None:
+                break
+            batch = next(batches, None)
+            if batch is None:
+                stopped_by = self.stop_reason() or ended()
+                break
+            if not update(step, batch):
+                continue
+            step += 1
+            stopped_by = after(step)
+            if self.checkpoint_due(step) and self.saved_step != step:
+                checkpoint(step)
+            if stopped_by is not None:
+                break
+        else:
+            stopped_by = completed
+        if self.saved_step != step:
+            checkpoint(step)
+        if stopped_by != completed:
+            print(f"{stopped_by}: stopped after step {step}, with a checkpoint there", file=sys.stderr, flush=True)
+        return step, stopped_by
 
     def finish(self, summary: dict) -> None:
         """summary.json and the history, at the end of a launch."""
