@@ -300,3 +300,23 @@ def test_cli_trains_and_refuses_bad_input_in_one_line(tiny_aloha_dataset, tmp_pa
     ]:
         assert message in refusal("aloha", "train", "--runs-dir", tmp_path / "refused", *args)
     assert not (tmp_path / "refused").exists()
+
+
+def test_eval_every_puts_the_checkpoints_closed_loop_success_in_the_runs_rows(tiny_aloha_dataset, tmp_path):
+    run = tiny_run(tiny_aloha_dataset, tmp_path, 4, eval_every=2, eval_seeds="2000", keep_checkpoints=1)
+    evaluated = [row for row in read_history(run) if "eval/success_rate" in row]
+    assert [row["step"] for row in evaluated] == [2, 4]
+    for row in evaluated:
+        report = json.loads((run / "eval" / f"2000-step{row['step']}" / "results.json").read_text())
+        assert report["step"] == row["step"] and report["seeds"] == "2000" and report["held_out"]
+        assert row["eval/success_rate"] == report["success_rate"] and row["eval/successes"] == report["successes"]
+        assert row["eval/wilson_low"] <= row["eval/success_rate"] <= row["eval/wilson_high"]
+        assert row["loss"] > 0 and row["samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("option, match", [
+    ({"eval_every": -1}, "--eval-every must be ≥ 0"),
+    ({"eval_every": 2, "eval_seeds": "0-1"}, "--eval-seeds 0, 1: the training episodes were recorded from these seeds"),
+    ({"eval_every": 2, "eval_seeds": "5-2"}, "--eval-seeds 5-2: the range 5-2 ends before it starts")])
+def test_a_bad_evaluation_cadence_is_refused_before_work(tiny_aloha_dataset, tmp_path, option, match):
+    assert_refused_before_work(tmp_path / "runs", match, dataset=tiny_aloha_dataset, train_episodes="0-1", **option)

@@ -18,6 +18,7 @@ from hetlab.checkpoint import load_checkpoint
 from hetlab.datasets.lerobot import STATE
 from hetlab.errors import UserError
 from hetlab.offload.feature_cache import FeatureCache
+from hetlab.run_history import read_history
 from hetlab.imitation.phase_b import (PhaseBConfig, _backend, frozen_encoder, new_action_expert, train_phase_b,
                                       with_phase_a_schedule)
 
@@ -162,9 +163,19 @@ def test_the_torch_offload_backend_runs_on_the_learner_device(phase_a_run):
     ({"condition": "L1", "offload_device": "ort:NoSuchExecutionProvider"}, "has no NoSuchExecutionProvider"),
     ({"condition": "L1", "calibration_episodes": "38-45"}, "both calibration and held-out"),
     ({"power_command": "false"}, "power"),
+    ({"eval_every": -1}, "--eval-every must be ≥ 0"),
+    ({"eval_every": 2, "eval_seeds": "0-1"}, "--eval-seeds 0, 1: the training episodes were recorded from these seeds"),
 ])
 def test_bad_settings_fail_before_training(phase_a_run, tmp_path, options, message):
     out = tmp_path / "run"
     with pytest.raises(UserError, match=message):
         train_phase_b(phase_b(phase_a_run, out, **options))
     assert not (out / "summary.json").exists()
+
+
+def test_eval_every_puts_the_checkpoints_closed_loop_success_in_the_runs_rows(phase_a_run, tmp_path):
+    run = train_phase_b(phase_b(phase_a_run, tmp_path / "run", condition="L1", eval_every=STEPS, eval_seeds="2000"))
+    evaluated = [row for row in read_history(run) if "eval/success_rate" in row]
+    assert [row["step"] for row in evaluated] == [STEPS]
+    report = json.loads((run / "eval" / f"2000-step{STEPS}" / "results.json").read_text())
+    assert report["held_out"] and evaluated[0]["eval/successes"] == report["successes"]

@@ -110,6 +110,10 @@ class BothPhasesOptions:
     device: str = "auto"  # learner device
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # learner autocast; auto = bf16 on capable GPUs
     max_seconds: float = 0.0  # stop with a checkpoint after this long; 0 = no limit
+    # every N steps, the checkpoint's closed-loop success on --eval-seeds in the run's rows (and in Phase B's
+    # time and energy); 0 = never
+    eval_every: int = 0
+    eval_seeds: str = "2000-2009"  # environment seeds of those evaluations, held out from training
     runs_dir: Path = Path("runs")  # run directories are made under RUNS_DIR/aloha-ar-actor/
     resume: Path | None = None  # a run of the chosen phase to continue
 

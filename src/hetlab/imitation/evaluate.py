@@ -82,11 +82,15 @@ def training_seeds(run: ARActorRun, more_episodes: str | None = None) -> set[int
     """The environment seeds of the episodes a run (and, for Phase B, its Phase-A run) trained on,
     with `more_episodes` of the same dataset; None when the dataset is gone or does not record them."""
     runs = [run] if run.phase == "A" else [run.phase_a_run(), run]
-    dataset = runs[0].dataset()
+    lists = [each.train_episodes for each in runs] + [more_episodes or ""]
+    return recorded_seeds(runs[0].dataset(), {e for text in lists if text for e in parse_seeds(text, "--train-episodes")})
+
+
+def recorded_seeds(dataset: Path | None, episodes: set[int]) -> set[int] | None:
+    """The environment seeds `episodes` of `dataset` were recorded from; None when the dataset is
+    gone or does not record them."""
     if dataset is None or not dataset.is_dir():
         return None
-    lists = [each.train_episodes for each in runs] + [more_episodes or ""]
-    episodes = {e for text in lists if text for e in parse_seeds(text, "--train-episodes")}
     seeds = set(episode_seeds(dataset, sorted(episodes)).values())
     return None if None in seeds else seeds
 
@@ -187,3 +191,17 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
               "wilson95": [low, high], "per_seed": per_seed}
     write_text_atomic(out / "results.json", json.dumps(report, indent=2))
     return {**report, "out": str(out), "wall_s": time.perf_counter() - started, "workers": workers}
+
+
+def success_columns(run_dir: Path, step: int, seeds: str) -> dict[str, float]:
+    """A training row's `eval/` columns (--eval-every): the closed-loop success of the run's checkpoint
+    `step` on `seeds`, whose report goes to RUN/eval/<seeds>-step<N>."""
+    report = evaluate(EvalConfig(run=run_dir, seeds=seeds, checkpoint=step, videos=0))
+    low, high = report["wilson95"]
+    return {"eval/success_rate": report["success_rate"], "eval/successes": report["successes"],
+            "eval/wilson_low": low, "eval/wilson_high": high}
+
+
+def check_eval_seeds(seeds: str, trained_on: set[int] | None) -> None:
+    """--eval-seeds refused before training: malformed, or naming a training episode's seed."""
+    check_seeds_held_out(parse_seeds(seeds, "--eval-seeds"), trained_on, "--eval-seeds")

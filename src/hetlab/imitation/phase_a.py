@@ -28,6 +28,7 @@ from hetlab.dir_lock import exclusive_writer
 from hetlab.figures import figures_wanted
 from hetlab.files import atomic_path, write_text_atomic
 from hetlab.imitation.data import StepBatches, device_batch, dropout_seed, open_dataset, random_shift, step_generator
+from hetlab.imitation.evaluate import check_eval_seeds, recorded_seeds, success_columns
 from hetlab.imitation.presets import PhaseAConfig
 from hetlab.imitation.run_files import (RUN_KIND, changed_option, config_from_json, load_weights,
                                         read_phase_a_config, run_render_quality)
@@ -36,6 +37,7 @@ from hetlab.errors import UserError
 from hetlab.policies.ar_actor import ARActor, ARActorConfig, chunk_l1, random_history_mask
 from hetlab.policies.resnet import load_imagenet
 from hetlab.run_meta import record_launch
+from hetlab.seeds import parse_seeds
 from hetlab.train.loggers import TrackedRun, flat_options, require_logger
 from hetlab.train.run_layer import TrainingRun
 
@@ -89,6 +91,8 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
     dataset = open_dataset(cfg.dataset, cfg.train_episodes, (preset.height, preset.width), preset.model.chunk,
                            f"the {cfg.preset} preset" if state is None else f"run {run_dir}",
                            None if state is None else run_render_quality(saved))
+    if cfg.eval_every:  # refused now, not at the first evaluation
+        check_eval_seeds(cfg.eval_seeds, recorded_seeds(Path(cfg.dataset), set(parse_seeds(cfg.train_episodes))))
     torch.manual_seed(cfg.seed)
     if state is not None:
         model_cfg = ARActorConfig(**saved["model"])  # the run's own model, its batch norm included
@@ -153,14 +157,21 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
 
     def after(step: int) -> None:
         nonlocal window_start, window_losses
-        if step % preset.log_every == 0 or step == preset.steps:
-            now = time.perf_counter()
-            row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": latest["grad_norm"],
-                   "lr": optimizer.param_groups[0]["lr"],
-                   "samples_per_s": len(window_losses) * cfg.batch / (now - window_start), "wall_s": run.run_clock()}
-            run.log(row, {f"train/{key}": row[key] for key in ("loss", "grad_norm", "lr", "samples_per_s")}, step)
-            progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}")
-            window_start, window_losses = now, []
+        evaluates = cfg.eval_every and step % cfg.eval_every == 0
+        if not (evaluates or step % preset.log_every == 0 or step == preset.steps):
+            return
+        row = {"step": step, "loss": float(np.mean(window_losses)), "grad_norm": latest["grad_norm"],
+               "lr": optimizer.param_groups[0]["lr"],
+               "samples_per_s": len(window_losses) * cfg.batch / (time.perf_counter() - window_start)}
+        if evaluates:
+            checkpoint(step)  # what the evaluation plays
+            row |= success_columns(run_dir, step, cfg.eval_seeds)
+        row["wall_s"] = run.run_clock()
+        run.log(row, {key if "/" in key else f"train/{key}": value for key, value in row.items()
+                      if key not in ("step", "wall_s")}, step)
+        progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}"
+                        + (f", success {row['eval/success_rate']:.0%}" if evaluates else ""))
+        window_start, window_losses = time.perf_counter(), []  # the next window's rate leaves the evaluation out
 
     progress = Progress(TextColumn("phase A"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[loss]}"),
                         TimeElapsedColumn(), TimeRemainingColumn())
@@ -176,7 +187,8 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
 
 
 # What a resume may set: how long to train, what to keep, where and how fast to run.
-RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "device", "loader_workers", "compile", "resume")
+RESUME_MAY_CHANGE = ("steps", "max_seconds", "keep_checkpoints", "device", "loader_workers", "compile", "eval_every",
+                     "eval_seeds", "resume")
 
 
 def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir: Path) -> None:
@@ -186,12 +198,12 @@ def refuse_changed_options(given: PhaseAConfig, restored: PhaseAConfig, run_dir:
     if changed is not None:
         flag, asked, own = changed
         raise UserError(f"{flag} {asked}: {run_dir} was trained with {own} and a resumed run keeps its options "
-                        "(only --steps, --max-seconds, --keep-checkpoints, --device, --loader-workers and --compile "
-                        "may change); drop it, or start a new run")
+                        "(only --steps, --max-seconds, --keep-checkpoints, --device, --loader-workers, --compile, "
+                        "--eval-every and --eval-seeds may change); drop it, or start a new run")
 
 
 def _finish(run: TrainingRun, step: int, first_step: int, stopped_by: str, figures: bool) -> None:
-    """summary.json, history.json and the loss curve (unless HETLAB_FIGURES=0)."""
+    """summary.json, history.json and the loss curve, with --eval-every's success (unless HETLAB_FIGURES=0)."""
     history = run.history
     run.finish({"steps": step, "session_steps": step - first_step, "session_wall_s": run.elapsed(),
                 "stopped_by": stopped_by, "first_loss": history[0]["loss"] if history else None,
@@ -206,6 +218,11 @@ def _finish(run: TrainingRun, step: int, first_step: int, stopped_by: str, figur
         axis.plot([r["step"] for r in history], [r["loss"] for r in history])
         axis.set(xlabel="step", ylabel="L1 loss (normalised actions)", yscale="log", title="Phase A")
         axis.grid(alpha=0.3)
+        evaluated = [r for r in history if "eval/success_rate" in r]
+        if evaluated:  # --eval-every
+            success = axis.twinx()
+            success.plot([r["step"] for r in evaluated], [r["eval/success_rate"] for r in evaluated], "o-", color="C1")
+            success.set(ylabel="closed-loop success (held-out seeds)", ylim=(0, 1))
         figure.tight_layout()
         with atomic_path(run.run_dir / "loss.png") as tmp:
             figure.savefig(tmp, dpi=120, format="png")

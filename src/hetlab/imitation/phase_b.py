@@ -64,7 +64,7 @@ DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
 # Everything else is the run's own; a command line that asks for another value is refused.
 RESUMABLE_OPTIONS = ("steps", "max_seconds", "device", "checkpoint_every", "prefetch", "power_interval",
-                     "power_command", "power_pattern", "power_device", "resume")
+                     "power_command", "power_pattern", "power_device", "eval_every", "eval_seeds", "resume")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +93,9 @@ class PhaseBConfig:
     power_device: str = "offload device"  # the name that device gets in the report
     checkpoint_every: int = 1000
     max_seconds: float = 0.0
+    # every N steps, the checkpoint's closed-loop success on --eval-seeds in the run's rows; 0 = never
+    eval_every: int = 0
+    eval_seeds: str = "2000-2009"  # environment seeds of those evaluations, held out from training
     out: Path | None = None  # run directory; default runs/aloha-ar-actor/<timestamp>-B-<condition>-s<seed>
     tracker: TrackerOptions = TrackerOptions()  # wandb or mlflow beside TensorBoard (--logger, --run-name, ...)
     runs_dir: Path = Path("runs")
@@ -116,6 +119,8 @@ def validate(cfg: PhaseBConfig, layers: int) -> None:
     for name in ("steps", "batch", "checkpoint_every", "prefetch"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(cfg, name)}")
+    if cfg.eval_every < 0:
+        raise UserError(f"--eval-every must be ≥ 0 (0 = never), got {cfg.eval_every}")
     check_schedule(cfg.lr, cfg.lr_decay)
 
 
@@ -261,6 +266,10 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
     validate(cfg, len(model.visual.layers))
     require_logger(cfg.tracker.logger)
     cfg = with_phase_a_schedule(cfg, phase_a)
+    if cfg.eval_every:  # refused now, not at the first evaluation
+        from hetlab.imitation.evaluate import check_eval_seeds, success_columns, training_seeds  # (it loads this phase's policies)
+
+        check_eval_seeds(cfg.eval_seeds, training_seeds(phase_a, more_episodes=cfg.train_episodes))
     first_step = state["step"] if state is not None else 0
     if first_step >= cfg.steps:
         raise UserError(f"{cfg.resume} has already trained {first_step} steps; pass --steps above {first_step} "
@@ -376,10 +385,16 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         return True
 
     def after(step: int) -> None:
-        if step % 10 == 0 or step == cfg.steps:
-            row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"],
-                   "wall_s": run.run_clock()}
-            run.log(row, {"train/loss": row["loss"], "train/lr": row["lr"]}, step)
+        evaluates = cfg.eval_every and step % cfg.eval_every == 0
+        if evaluates or step % 10 == 0 or step == cfg.steps:
+            row = {"step": step, "loss": float(np.mean(window)), "lr": optimizer.param_groups[0]["lr"]}
+            if evaluates:
+                checkpoint(step)  # what the evaluation plays
+                with learner.span("evaluate"):
+                    row |= success_columns(run_dir, step, cfg.eval_seeds)
+            row["wall_s"] = run.run_clock()
+            run.log(row, {key if "/" in key else f"train/{key}": value for key, value in row.items()
+                          if key not in ("step", "wall_s")}, step)
             window.clear()
         if job is not None:
             progress.update(job, completed=step)

@@ -70,6 +70,9 @@ class PhaseAConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 autocast on GPUs that have it
     compile: Literal["auto", "on", "off"] = "auto"  # auto: torch.compile on CUDA
     max_seconds: float = 0.0  # stop (with a checkpoint) after this long; 0 = no limit
+    # every N steps, the checkpoint's closed-loop success on --eval-seeds in the run's rows; 0 = never
+    eval_every: int = 0
+    eval_seeds: str = "2000-2009"  # environment seeds of those evaluations, held out from training
     # newest checkpoints kept; 0 = every one (to evaluate along the way); unset: 2, or a resumed run's own
     keep_checkpoints: int | None = None
     tracker: TrackerOptions = TrackerOptions()  # wandb or mlflow beside TensorBoard (--logger, --run-name, ...)
@@ -87,6 +90,8 @@ class PhaseAConfig:
             raise UserError(f"--max-seconds must be ≥ 0 (0 = no limit), got {self.max_seconds}")
         if self.batch < 1:
             raise UserError(f"--batch must be ≥ 1, got {self.batch}")
+        if self.eval_every < 0:
+            raise UserError(f"--eval-every must be ≥ 0 (0 = never), got {self.eval_every}")
         if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
             raise UserError(f"--keep-checkpoints must be ≥ 0 (0 keeps every one), got {self.keep_checkpoints}")
         check_schedule(self.lr, self.lr_decay)
