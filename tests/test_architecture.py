@@ -155,6 +155,21 @@ def test_tasks_declare_their_observations_as_terms():
     assert hand_typed_layouts(ast.parse("class T:\n    obs_sizes = {'policy': 3}\nPOLICY_NOISE = [0.1]\n")) == [2, 3]
 
 
+def test_tasks_declare_their_rewards_as_terms():
+    """Every task's reward is its `rewards` terms (tasks/terms.RewardTerm) and nothing else: the base
+    class sums them, and no task computes or weighs a reward of its own."""
+    from hetlab.tasks import TASKS, task_class
+    from hetlab.tasks.terms import RewardTerm
+
+    for name in TASKS:
+        task = task_class(name)
+        assert task.rewards and all(isinstance(term, RewardTerm) for term in task.rewards.values()), name
+    own = [f"hetlab.{module}:{node.lineno} {node.name}" for module, tree in modules().items()
+           if module.startswith("tasks.") and module != "tasks.base" for node in ast.walk(tree)
+           if isinstance(node, ast.FunctionDef) and node.name.startswith(("_reward", "reward"))]
+    assert not own, own
+
+
 def test_the_checks_see_what_they_look_for():
     """The walkers find an upward import and a process start when there is one."""
     tree = ast.parse("import multiprocessing\nfrom hetlab.train.config import TrainConfig\n"
