@@ -1,12 +1,15 @@
-"""The PPO learner alone, fp32 against bf16 autocast (`--ppo.bf16`), side by side in one run.
+"""The PPO learner alone: fp32, bf16 autocast (`--ppo.bf16`), torch.compile (`--ppo.compile`) and both,
+side by side in one run.
 
     .venv/bin/python benchmarks/learner_speed.py [--task go1-joystick-flat] [--envs 512] [--horizon 24]
         [--hidden 256 128 64] [--seconds 8] [--rounds 3]
 
 Each round times `PPO.update` on one fixed batch of the task's shapes (envs × horizon samples) for
-`--seconds` in each precision, alternating, in this process on the learner's device (the default
-`hetlab train` picks). Prints the median milliseconds per update of each and their ratio, with the
-hardware; bf16 is left out where the learner has no native bfloat16. Run it alone.
+`--seconds` in each variant, alternating, in this process on the learner's device (the default
+`hetlab train` picks). Each variant's algorithm is made and compiled once, before the rounds (the
+compilation's seconds are printed). Prints the median milliseconds per update of each and its
+speed against fp32, with the hardware; bf16 is left out where the learner has no native bfloat16.
+Run it alone.
 """
 
 from __future__ import annotations
@@ -44,12 +47,20 @@ batch = {"policy_obs": torch.randn(T + 1, E, P, generator=generator),
          "policy_version": torch.zeros(E, dtype=torch.int64)}
 batch = {name: value.to(device.torch_device) for name, value in batch.items()}
 cfg = PPOConfig(actor_hidden=tuple(args.hidden), critic_hidden=tuple(args.hidden))
-precisions = ("fp32", "bf16") if device.bf16 else ("fp32",)
+variants = {"fp32": {}, "compile": {"compile": True}}
+if device.bf16:
+    variants |= {"bf16": {"bf16": True}, "bf16 + compile": {"bf16": True, "compile": True}}
 
 
-def milliseconds_per_update(bf16: bool) -> float:
-    algo = PPO(task.obs_sizes, A, dataclasses.replace(cfg, bf16=bf16), torch.device(device.torch_device))
-    algo.update(batch)  # first-call allocations out of the timing
+def made(options: dict) -> tuple[PPO, float]:
+    """The variant's algorithm after a first update (allocations and compilation), and that update's seconds."""
+    algo = PPO(task.obs_sizes, A, dataclasses.replace(cfg, **options), torch.device(device.torch_device))
+    start = time.perf_counter()
+    algo.update(batch)
+    return algo, time.perf_counter() - start
+
+
+def milliseconds_per_update(algo: PPO) -> float:
     updates, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         algo.update(batch)  # its metrics are floats: the device has finished when it returns
@@ -57,16 +68,16 @@ def milliseconds_per_update(bf16: bool) -> float:
     return (time.perf_counter() - start) / updates * 1000
 
 
-times: dict[str, list[float]] = {precision: [] for precision in precisions}
+algos = {name: made(options) for name, options in variants.items()}
+times: dict[str, list[float]] = {name: [] for name in variants}
 for _ in range(args.rounds):
-    for precision in precisions:
-        times[precision].append(milliseconds_per_update(precision == "bf16"))
-medians = {precision: statistics.median(values) for precision, values in times.items()}
+    for name, (algo, _) in algos.items():
+        times[name].append(milliseconds_per_update(algo))
+medians = {name: statistics.median(values) for name, values in times.items()}
 print(f"PPO update, {args.task}, {E} envs × {T} steps, {'-'.join(map(str, args.hidden))} networks, "
       f"on {device.name} ({torch.get_num_threads()} threads); medians of {args.rounds} rounds")
-for precision, values in times.items():
-    print(f"  {precision}: {medians[precision]:.1f} ms per update (rounds: {', '.join(f'{v:.1f}' for v in values)})")
-if "bf16" in medians:
-    print(f"  bf16 ÷ fp32 speed: {medians['fp32'] / medians['bf16']:.2f}×")
-else:
+for name, values in times.items():
+    print(f"  {name}: {medians[name]:.1f} ms per update, {medians['fp32'] / medians[name]:.2f}× fp32's speed "
+          f"(rounds: {', '.join(f'{v:.1f}' for v in values)}; first update {algos[name][1]:.1f} s)")
+if not device.bf16:
     print("  bf16: not measured, the learner has no native bfloat16")

@@ -63,6 +63,8 @@ class PPO:
                                           **OPTIMIZER_OPTIONS)
         # On the CPU whatever the device: a checkpoint then shuffles the same way wherever it resumes.
         self.generator = torch.Generator().manual_seed(seed)
+        # With --ppo.compile, inductor fuses each minibatch's forward passes and losses (and their backward).
+        self.minibatch_losses = torch.compile(self._minibatch_losses) if cfg.compile else self._minibatch_losses
 
     def update(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One PPO iteration on a rollout (layout: hetlab.runtime.rollout_ring); returns metrics to log."""
@@ -100,40 +102,14 @@ class PPO:
         minibatches = minibatch_indices(num_samples, cfg.num_mini_batches, self.generator, self.device)
         for _ in range(cfg.num_learning_epochs):
             for index in minibatches:
-                mb = {key: value[index] for key, value in samples.items()}
-                with mixed_precision(self.device, cfg.bf16):
-                    dist = self.actor.distribution(mb["policy_obs"])
-                    values_now = self.critic(mb["critic_obs"]).float()
-                log_probs = dist.log_prob(mb["actions"]).sum(-1)
-                entropy = dist.entropy().sum(-1).mean()
-
+                losses = self.minibatch_losses({key: value[index] for key, value in samples.items()})
                 # KL-adaptive learning rate, set before this minibatch's step.
-                with torch.no_grad():
-                    kl = kl_divergence(Normal(mb["start_mean"], mb["start_std"]), dist).sum(-1).mean()
                 if cfg.desired_kl is not None:
-                    self.learning_rate = kl_adapted_learning_rate(self.learning_rate, kl.item(), cfg)
+                    self.learning_rate = kl_adapted_learning_rate(self.learning_rate, losses["kl"].item(), cfg)
                     set_learning_rate(self.optimizer, self.learning_rate)
-
-                ratio = (log_probs - mb["log_probs"]).exp()
-                surrogate_loss = clipped_surrogate_loss(ratio, mb["advantages"], cfg.clip_param)
-
-                if cfg.use_clipped_value_loss:
-                    # The value may move at most clip_param from the one the returns were computed with.
-                    clipped = mb["values"] + (values_now - mb["values"]).clamp(-cfg.clip_param, cfg.clip_param)
-                    value_loss = torch.maximum(
-                        (values_now - mb["returns"]).square(), (clipped - mb["returns"]).square()
-                    ).mean()
-                else:
-                    value_loss = (values_now - mb["returns"]).square().mean()
-
-                loss = surrogate_loss + cfg.value_loss_coef * value_loss - cfg.entropy_coef * entropy
-                apply_gradients(self.optimizer, loss, (self.actor, self.critic), cfg.max_grad_norm)
-
-                totals["value_loss"] += value_loss.detach()
-                totals["surrogate_loss"] += surrogate_loss.detach()
-                totals["entropy"] += entropy.detach()
-                totals["kl"] += kl
-                totals["clip_fraction"] += ((ratio - 1).abs() > cfg.clip_param).float().mean()
+                apply_gradients(self.optimizer, losses["loss"], (self.actor, self.critic), cfg.max_grad_norm)
+                for key in totals:
+                    totals[key] += losses[key].detach()
 
         # 6. Only now fold the batch into the normalisers, for the next rollouts and update.
         self.actor.update_normalizer(policy_obs[:-1])
@@ -146,6 +122,33 @@ class PPO:
         metrics["action_std_mean"] = float(self.actor.log_std.detach().exp().mean())
         metrics["start_ratio_max_deviation"] = float((start_ratio - 1).abs().max())
         return metrics
+
+    def _minibatch_losses(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The epochs' forward passes and losses on one minibatch, and the KL from the starting policy."""
+        cfg = self.cfg
+        with mixed_precision(self.device, cfg.bf16):
+            dist = self.actor.distribution(mb["policy_obs"])
+            values_now = self.critic(mb["critic_obs"]).float()
+        log_probs = dist.log_prob(mb["actions"]).sum(-1)
+        entropy = dist.entropy().sum(-1).mean()
+        with torch.no_grad():
+            kl = kl_divergence(Normal(mb["start_mean"], mb["start_std"]), dist).sum(-1).mean()
+
+        ratio = (log_probs - mb["log_probs"]).exp()
+        surrogate_loss = clipped_surrogate_loss(ratio, mb["advantages"], cfg.clip_param)
+
+        if cfg.use_clipped_value_loss:
+            # The value may move at most clip_param from the one the returns were computed with.
+            clipped = mb["values"] + (values_now - mb["values"]).clamp(-cfg.clip_param, cfg.clip_param)
+            value_loss = torch.maximum(
+                (values_now - mb["returns"]).square(), (clipped - mb["returns"]).square()
+            ).mean()
+        else:
+            value_loss = (values_now - mb["returns"]).square().mean()
+
+        return {"loss": surrogate_loss + cfg.value_loss_coef * value_loss - cfg.entropy_coef * entropy,
+                "value_loss": value_loss, "surrogate_loss": surrogate_loss, "entropy": entropy, "kl": kl,
+                "clip_fraction": ((ratio - 1).abs() > cfg.clip_param).float().mean()}
 
     def state_dict(self) -> dict:
         """A snapshot (not live tensors) of everything an exact resume needs."""

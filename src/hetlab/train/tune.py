@@ -49,7 +49,7 @@ MIN_SECONDS = 20.0  # below this the end-to-end checks see too few iterations to
 # What sets a run's speed besides the tuned options: with the machine and the versions, the cache key.
 SHAPE_OPTIONS = ("task", "motion", "sim_dt", "sim", "envs", "horizon", "ring_slots", "algo")
 ALGO_SHAPE_OPTIONS = ("actor_hidden", "critic_hidden", "num_learning_epochs", "num_mini_batches", "bf16",
-                      "normalize_obs")
+                      "compile", "normalize_obs")
 TUNED_OPTIONS = ("collectors", "threads", "torch_threads")
 
 
