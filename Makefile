@@ -50,7 +50,8 @@ test: setup
 # The tests whose tolerances depend on which kernels run, again on an AVX2-only CPU's kernels (docs/reliability.md).
 ISA_TESTS := tests/policies/test_ar_actor.py tests/offload/test_offload_export.py tests/offload/test_offload_backends.py \
 	tests/offload/test_openvino_backend.py \
-	tests/imitation/test_phase_b.py::test_offloaded_fp32_prefix_trains_like_the_learner_only_condition
+	tests/imitation/test_phase_b.py::test_offloaded_fp32_prefix_trains_like_the_learner_only_condition \
+	tests/algos/test_ppo.py::test_a_compiled_update_takes_the_eager_ones_step
 test-isa: setup
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q $(ISA_TESTS)
 
