@@ -133,3 +133,22 @@ def test_a_loop_checkpoints_a_step_once_when_its_own_cadence_saved_it(tmp_path, 
         assert run.loop(0, itertools.count(), lambda step, batch: True, after, checkpoint, completed="steps",
                         ended=lambda: "source ended") == (6, "steps")
     assert saved == [2, 3, 6]
+
+
+def test_a_step_the_training_checkpointed_before_logging_keeps_its_row(tmp_path):
+    """An evaluation plays the step's checkpoint and then logs the row with its result (Phase A/B's
+    --eval-every): the history is written again after that row."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = training_run(run_dir, last_step=10, every=5)
+
+    def after(step):
+        run.checkpoint(step, {"step": step})
+        run.log({"step": step, "loss": 1.0, "wall_s": run.run_clock()}, {"train/loss": 1.0}, step)
+        return "evaluated" if step == 2 else None
+
+    with run:
+        assert run.loop(0, itertools.count(), lambda step, batch: True, after,
+                        lambda step: run.checkpoint(step, {"step": step}), completed="steps",
+                        ended=lambda: "source ended") == (2, "evaluated")
+    assert [row["step"] for row in read_history(run_dir)] == [1, 2]

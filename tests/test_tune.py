@@ -83,6 +83,7 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
 @pytest.mark.parametrize("args, says", [
     (("tune", "--task", "cartpole-balance", "--seconds", "5"), "at least 20 s"),
     (("tune", "--task", "cartpole-balance", "--algo", "sac"), "tuning --algo sac is not available"),
+    (("train", "--task", "cartpole-balance", "--tune", "--ppo.compile"), "tuning a compiled run is not available"),
     (("train", "--task", "cartpole-balance", "--tune", "--resume", "runs/x"), "a resumed run keeps its own"),
     (("train", "--task", "cartpole-balance", "--torch-threads", "999"), "exceeds the"),
     # Refused before any probing: the bad option, not 90 s of tuning, is what the user hears about.

@@ -70,11 +70,12 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
         restored = config_from_json(saved["phase_a"], run_dir)
         refuse_changed_options(cfg, restored, run_dir)
         # Options left unset keep the run's values (a run that keeps every checkpoint goes on doing
-        # so); the time budget is each launch's own.
+        # so); the time budget and the evaluations along the way are each launch's own.
         defaults = PhaseAConfig()
+        own = ("max_seconds", "eval_every", "eval_seeds", "resume")
         given = {name: getattr(cfg, name) for name in RESUME_MAY_CHANGE
-                 if name not in ("max_seconds", "resume") and getattr(cfg, name) != getattr(defaults, name)}
-        cfg = dataclasses.replace(restored, **given, max_seconds=cfg.max_seconds, resume=cfg.resume)
+                 if name not in own and getattr(cfg, name) != getattr(defaults, name)}
+        cfg = dataclasses.replace(restored, **given, **{name: getattr(cfg, name) for name in own})
     else:  # the dataset's absolute path, so evaluation finds it from any directory
         cfg = dataclasses.replace(cfg, preset=cfg.preset or "cpu",
                                   dataset=Path(cfg.dataset).resolve() if cfg.dataset is not None else None)
@@ -92,7 +93,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
                            f"the {cfg.preset} preset" if state is None else f"run {run_dir}",
                            None if state is None else run_render_quality(saved))
     if cfg.eval_every:  # refused now, not at the first evaluation
-        check_eval_seeds(cfg.eval_seeds, recorded_seeds(Path(cfg.dataset), set(parse_seeds(cfg.train_episodes))))
+        check_eval_seeds(cfg.eval_seeds, recorded_seeds(Path(cfg.dataset), set(parse_seeds(cfg.train_episodes, "--train-episodes"))))
     torch.manual_seed(cfg.seed)
     if state is not None:
         model_cfg = ARActorConfig(**saved["model"])  # the run's own model, its batch norm included

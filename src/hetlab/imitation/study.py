@@ -48,9 +48,9 @@ from hetlab.offload.quantise import QuantiseConfig
 from hetlab.runtime.workers import call_in_own_process
 from hetlab.seeds import parse_seeds
 
-# PhaseBConfig fields that say where a run is written, how often it saves, whether it was resumed and
-# how long a launch may take, not what it is.
-NOT_SETTINGS = frozenset({"out", "runs_dir", "checkpoint_every", "resume", "max_seconds"})
+# PhaseBConfig fields that say where a run is written, how often it saves or evaluates along the way,
+# whether it was resumed and how long a launch may take, not what it is.
+NOT_SETTINGS = frozenset({"out", "runs_dir", "checkpoint_every", "resume", "max_seconds", "eval_every", "eval_seeds"})
 OFFLOAD_SETTINGS = frozenset({"offload_device", "offload_precision", "quantise", "calibration_episodes"})
 INT8_SETTINGS = frozenset({"quantise", "calibration_episodes"})
 CACHE_SETTINGS = frozenset({"cache_dtype"})

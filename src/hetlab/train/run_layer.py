@@ -2,8 +2,8 @@
 Phase B of `hetlab aloha train`): what a run does around its steps, written once.
 
 - Stopping: inside the run, Ctrl-C, SIGTERM and SIGHUP set `interrupted` (stop_signals.stop_guard)
-  and the loop stops at its next step boundary; `stop_reason()` names that or the launch's time
-  budget (`max_seconds`, counted from the run's start).
+  and the loop stops before it takes its next batch; `stop_reason()` names that or the launch's time
+  budget (`max_seconds`, counted from the launch's start), which the loop checks after each step.
 - The record: history.json's rows and the loggers (TensorBoard, and the tracker --logger names),
   opened on entry and closed on exit, told whether the launch failed. A resumed run keeps the rows
   logged up to its checkpoint (this launch logs the later ones again) and its clock goes on from
@@ -113,8 +113,8 @@ class TrainingRun:
         stopped. Returns the steps done and why the loop stopped."""
         batches = iter(batches)
         while step < self.last_step:
-            stopped_by = self.stop_reason()
-            if stopped_by is not None:
+            if self.interrupted.is_set():
+                stopped_by = "interrupted"
                 break
             batch = next(batches, None)
             if batch is None:
@@ -123,8 +123,10 @@ class TrainingRun:
             if not update(step, batch):
                 continue
             step += 1
-            stopped_by = after(step)
-            if self.checkpoint_due(step) and self.saved_step != step:
+            stopped_by = after(step) or self.stop_reason()  # the budget after a step: every launch makes one
+            if self.saved_step == step:  # the training checkpointed during `after`, maybe before its rows
+                write_history(self.run_dir, self.history)
+            elif self.checkpoint_due(step):
                 checkpoint(step)
             if stopped_by is not None:
                 break
@@ -133,7 +135,8 @@ class TrainingRun:
         if self.saved_step != step:
             checkpoint(step)
         if stopped_by != completed:
-            print(f"{stopped_by}: stopped after step {step}, with a checkpoint there", file=sys.stderr, flush=True)
+            saved = ", with a checkpoint there" if step else ""  # a new run stopped before its first step has none
+            print(f"{stopped_by}: stopped after step {step}{saved}", file=sys.stderr, flush=True)
         return step, stopped_by
 
     def finish(self, summary: dict) -> None:

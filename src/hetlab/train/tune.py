@@ -49,7 +49,7 @@ MIN_SECONDS = 20.0  # below this the end-to-end checks see too few iterations to
 # What sets a run's speed besides the tuned options: with the machine and the versions, the cache key.
 SHAPE_OPTIONS = ("task", "motion", "sim_dt", "sim", "envs", "horizon", "ring_slots", "algo")
 ALGO_SHAPE_OPTIONS = ("actor_hidden", "critic_hidden", "num_learning_epochs", "num_mini_batches", "bf16",
-                      "compile", "normalize_obs")
+                      "normalize_obs")
 TUNED_OPTIONS = ("collectors", "threads", "torch_threads")
 
 
@@ -238,19 +238,27 @@ def cache_path(cfg, device: LearnerDevice) -> Path:
     return Path(root) / "tune" / f"{cfg.task}-{cfg.algo}-{digest}.toml"
 
 
-def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResult:
-    """Measure, predict, check and choose for the resolved run config `cfg` (see the module docstring)."""
-    if seconds < MIN_SECONDS:
-        raise UserError(f"--seconds {seconds:g}: tuning needs at least {MIN_SECONDS:g} s to compare settings end "
-                        "to end; give more")
+def check_tunable(cfg) -> None:
+    """UserError, before any probing, for a run this tuning cannot measure."""
     if cfg.is_off_policy:
         raise UserError(f"hetlab tune measures on-policy runs (ppo, appo); tuning --algo {cfg.algo} is not "
                         "available: set --collectors, --threads and --torch-threads by hand")
+    if getattr(cfg.algo_config, "compile", False):  # each probe's new algorithm would compile anew
+        raise UserError(f"--{cfg.algo}.compile: hetlab tune times eager updates; tuning a compiled run is not "
+                        "available: tune without it, then set --collectors, --threads and --torch-threads by hand")
     if cfg.ray is not None:
         raise UserError("hetlab tune measures this machine's cores; a --ray run's collectors are elsewhere")
     if cfg.sim != "mujoco":  # MotrixSim sizes one thread pool per process: probes in one process cannot vary it
         raise UserError(f"hetlab tune measures MuJoCo's physics threads; tuning --sim {cfg.sim} is not available: "
                         "set --collectors, --threads and --torch-threads by hand")
+
+
+def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResult:
+    """Measure, predict, check and choose for the resolved run config `cfg` (see the module docstring)."""
+    if seconds < MIN_SECONDS:
+        raise UserError(f"--seconds {seconds:g}: tuning needs at least {MIN_SECONDS:g} s to compare settings end "
+                        "to end; give more")
+    check_tunable(cfg)
     start = time.perf_counter()
     mode, cores = cfg.resolved_mode, cpu_count()
     settings = candidates(cfg.envs, cores, mode, device.is_accelerator)
@@ -315,6 +323,7 @@ def with_tuned_setting(cfg, given, device: LearnerDevice, progress=print):
     path = cache_path(cfg, device)
     if all(name in given for name in TUNED_OPTIONS):
         return cfg, {}, path
+    check_tunable(cfg)
     if path.is_file():
         progress(f"tuned setting for this machine and run: {path} (`hetlab tune` measures it again)")
     else:
