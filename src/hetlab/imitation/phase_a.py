@@ -39,7 +39,7 @@ from hetlab.policies.resnet import load_imagenet
 from hetlab.run_meta import record_launch
 from hetlab.seeds import parse_seeds
 from hetlab.train.loggers import TrackedRun, flat_options, require_logger
-from hetlab.train.run_layer import TrainingRun
+from hetlab.train.run_layer import TrainingRun, row_scalars
 
 
 def build_model(model_cfg: ARActorConfig, dataset: LeRobotDataset, imagenet_weights: Path | None) -> ARActor:
@@ -168,8 +168,7 @@ def _train_phase_a(cfg: PhaseAConfig, held: ExitStack) -> Path:
             checkpoint(step)  # what the evaluation plays
             row |= success_columns(run_dir, step, cfg.eval_seeds)
         row["wall_s"] = run.run_clock()
-        run.log(row, {key if "/" in key else f"train/{key}": value for key, value in row.items()
-                      if key not in ("step", "wall_s")}, step)
+        run.log(row, row_scalars(row, leave_out=("step", "wall_s")), step)
         progress.update(job, completed=step, loss=f"loss {row['loss']:.4f}"
                         + (f", success {row['eval/success_rate']:.0%}" if evaluates else ""))
         window_start, window_losses = time.perf_counter(), []  # the next window's rate leaves the evaluation out

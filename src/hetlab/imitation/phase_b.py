@@ -58,7 +58,7 @@ from hetlab.policies.ar_actor import ActionExpert, ARActor, ARActorConfig, chunk
 from hetlab.measure.timeline import SpanRecorder, Timeline
 from hetlab.seeds import parse_seeds
 from hetlab.train.loggers import TrackedRun, TrackerOptions, flat_options, require_logger
-from hetlab.train.run_layer import TrainingRun
+from hetlab.train.run_layer import TrainingRun, row_scalars
 
 DEFAULT_STEPS = 30_000
 # What a resumed run takes from the command line: its length and how it is run and measured.
@@ -393,8 +393,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
                 with learner.span("evaluate"):
                     row |= success_columns(run_dir, step, cfg.eval_seeds)
             row["wall_s"] = run.run_clock()
-            run.log(row, {key if "/" in key else f"train/{key}": value for key, value in row.items()
-                          if key not in ("step", "wall_s")}, step)
+            run.log(row, row_scalars(row, leave_out=("step", "wall_s")), step)
             window.clear()
         if job is not None:
             progress.update(job, completed=step)

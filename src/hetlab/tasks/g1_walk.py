@@ -14,10 +14,11 @@ then less, while episodes stay short, and raises them to their full weight once 
 reach the time limit. On two cores the curriculum stays near 1 %, so the hips' and the upper
 body's deviation from the default pose weigh in full from the start (without them the policy
 walked by swinging its arms, waist and hips, the pelvis yawing at ±2 rad/s), Holosoma's
-action-rate penalty joins the curriculum's, and the velocity tracking has Holosoma's weights. `penalty_curriculum=None`: every penalty at its full
-weight and no alive bonus (the `alive` term is then 0 on every step). A training evaluation
-starts every time from the same task state, so its returns are at the curriculum's initial
-scale: comparable with each other, not with the training episodes' returns.
+action-rate penalty joins the curriculum's, and the velocity tracking has Holosoma's weights.
+`penalty_curriculum=None`: every penalty at its full weight and no alive bonus (the `alive` term
+is then 0 on every step). A training evaluation starts every time from the same task state, so
+its returns are at the curriculum's initial scale: comparable with each other, not with the
+training episodes' returns.
 
 The policy sees noisy proprioception from the pelvis IMU and joints, the command, its last
 action and the gait clock (103 values, as Playground); the critic sees those exactly, with the

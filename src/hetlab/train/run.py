@@ -23,7 +23,7 @@ from hetlab.figures import figures_wanted
 from hetlab.files import atomic_path
 from hetlab.measure.timeline import Timeline
 from hetlab.train.loggers import PolicyVideo, TrackedRun, flat_options
-from hetlab.train.run_layer import TrainingRun
+from hetlab.train.run_layer import TrainingRun, row_scalars
 
 console = Console()
 
@@ -105,7 +105,7 @@ class RunRecord(TrainingRun):
         own_rate = (row["env_steps"] - since[0]) / (row["wall_seconds"] - since[1]) if since else row["env_steps_per_s"]
         row = {**row, "wall_seconds": self.wall_offset + row["wall_seconds"], "iteration_env_steps_per_s": own_rate}
         scalars = {f"reward_terms/{name}": value for name, value in reward_terms.items()}
-        scalars |= {key if "/" in key else f"train/{key}": value for key, value in row.items() if key != "iteration"}
+        scalars |= row_scalars(row, leave_out=("iteration",))
         console.print(
             f"it {row['iteration']:5d} | {own_rate:7,.0f} steps/s (avg {row['env_steps_per_s']:7,.0f}) | "
             f"return {row['mean_return']:8.3f} | "

@@ -37,6 +37,12 @@ from hetlab.stop_signals import resume_with, stop_guard
 from hetlab.train.loggers import TrackedRun, close_loggers, make_loggers
 
 
+def row_scalars(row: dict, leave_out: tuple[str, ...]) -> dict[str, float]:
+    """A history row as the loggers' scalars: every column but `leave_out`, under train/ unless it
+    names its own group (eval/…, loss/…)."""
+    return {key if "/" in key else f"train/{key}": value for key, value in row.items() if key not in leave_out}
+
+
 class TrainingRun:
     def __init__(self, tracked: TrackedRun, resume_command: str, *, first_step: int, last_step: int,
                  checkpoint_every: int, max_seconds: float, row_steps: Callable[[dict], int], clock: str):
