@@ -4,6 +4,7 @@ KL-adaptive learning rate, the normaliser update, exact resume, and learning a s
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from hetlab.algos import ALGOS
 from hetlab.algos.ppo import PPO, PPOConfig, bootstrap_time_outs, gae
 from hetlab.errors import UserError
+from hetlab.tasks.symmetry import Mirror, TaskMirror
 
 CPU = torch.device("cpu")
 OBS_SIZES = {"policy": 3, "critic": 4}
@@ -224,3 +226,75 @@ def test_a_compiled_update_takes_the_eager_ones_step(make_batch):
     difference = float((a - b).norm() / (a - start).norm())
     assert difference < 1e-4, difference
     assert metrics[1]["value_loss"] == pytest.approx(metrics[0]["value_loss"], rel=1e-4)
+
+
+MIRROR_Y = Mirror((0, 1, 2), (1.0, -1.0, 1.0))  # in a mirror the second observation changes sign ...
+BANDIT_MIRROR = TaskMirror({"policy": MIRROR_Y, "critic": MIRROR_Y}, Mirror((0, 1), (1.0, -1.0)))  # ... and action
+
+
+def _best_action(obs: torch.Tensor) -> torch.Tensor:
+    """A left-right symmetric bandit's answer: the same in a mirror, and not linear across the mirror plane."""
+    return torch.stack([1.5 * obs[..., 1].abs() - 0.75, 0.8 * obs[..., 0] * obs[..., 1].sign()], dim=-1)
+
+
+def _bandit_ppo_on_one_side(symmetry: bool, seed: int) -> tuple[PPO, list[dict]]:
+    """PPO trained for 25 sync updates on observations from one side of the mirror only (second one > 0)."""
+    cfg = PPOConfig(actor_hidden=(32, 32), critic_hidden=(32, 32), symmetry=symmetry)
+    ppo = PPO({"policy": 3, "critic": 3}, 2, cfg, CPU, seed=seed, mirror=BANDIT_MIRROR if symmetry else None)
+    g = torch.Generator().manual_seed(seed)
+    metrics = []
+    for _ in range(25):
+        obs = torch.rand(9, 64, 3, generator=g) * torch.tensor([2.0, 1.0, 2.0]) - torch.tensor([1.0, 0.0, 1.0])
+        with torch.no_grad():
+            actions, log_probs = ppo.actor.act(obs[:-1], generator=g)
+        metrics.append(ppo.update({
+            "policy_obs": obs, "critic_obs": obs.clone(), "actions": actions, "log_probs": log_probs,
+            "rewards": -(actions - _best_action(obs[:-1])).square().mean(-1), "terminated": torch.ones(8, 64),
+            "truncated": torch.zeros(8, 64), "final_critic_obs": torch.zeros(8, 64, 3),
+            "policy_version": torch.zeros(64, dtype=torch.int64)}))
+    return ppo, metrics
+
+
+def _error(ppo: PPO, side: float) -> float:
+    """Mean squared error of the policy's mean action on fresh observations from one side of the mirror."""
+    obs = torch.rand(4096, 3, generator=torch.Generator().manual_seed(99)) * 2 - 1
+    obs[:, 1] = side * obs[:, 1].abs()
+    with torch.no_grad():
+        return float((ppo.actor.distribution(obs).loc - _best_action(obs)).square().mean())
+
+
+def test_symmetry_trains_on_the_mirror_images():
+    """--ppo.symmetry on data from one side of the mirror only: the policy also learns the other side,
+    which without the mirror images it gets wrong. Over seeds 0–4 the squared error on the unseen side
+    was 0.010–0.014 with the mirror images and 1.31–1.48 without; on the seen side 0.010–0.014 and 0.001."""
+    mirrored, metrics = _bandit_ppo_on_one_side(True, seed=0)
+    plain, _ = _bandit_ppo_on_one_side(False, seed=0)
+    assert _error(mirrored, -1.0) < 0.1 and _error(plain, -1.0) > 0.5
+    assert _error(mirrored, 1.0) < 0.1 and _error(plain, 1.0) < 0.1
+    # The logged gap, the policy's asymmetry on each batch before its update, ended at 0.016–0.030.
+    assert metrics[-1]["symmetry_gap"] < 0.1
+
+
+def test_symmetry_keeps_a_cartpole_policy_symmetric(tmp_path):
+    """A whole run with --ppo.symmetry: the policy's asymmetry on its batches falls from 0.41 at the
+    start to 0.02–0.06 from the 4th iteration on. Weighing the mirror images by the starting policy's
+    log-probs instead of their originals' let it grow to 1.2 by the 10th."""
+    import hetlab
+
+    run = hetlab.train_policy(task="cartpole-balance", max_iterations=10, ppo={"symmetry": True},
+                              runs_dir=str(tmp_path / "runs"))
+    rows = json.loads((run / "history.json").read_text())
+    assert json.loads((run / "config.json").read_text())["option_sources"]["ppo.symmetry"] != "default"
+    assert rows[0]["loss/symmetry_gap"] > 0.2
+    assert max(row["loss/symmetry_gap"] for row in rows[4:]) < 0.15
+
+
+def test_symmetry_without_the_tasks_mirror_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="mirror"):
+        PPO(OBS_SIZES, 2, PPOConfig(**SMALL, symmetry=True), CPU)
+    import hetlab
+
+    with pytest.raises(UserError, match="leap-cube-reorient is not the same in a mirror.*drop the option"):
+        hetlab.train_policy(task="leap-cube-reorient", algo="ppo", envs=4, max_iterations=1, ppo={"symmetry": True},
+                            runs_dir=str(tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()

@@ -59,6 +59,9 @@ class PPOConfig:
     # torch.compile (inductor) of each minibatch's forward passes and losses; the first update pays for
     # the compilation (about 45 s on a 2-core CPU)
     compile: bool = False
+    # Train on each sample's mirror image too (a left-right symmetric task's: hetlab.tasks.symmetry), so
+    # every minibatch holds twice the samples; the epochs cost about twice as much
+    symmetry: bool = False
 
     def __post_init__(self):
         # Configs read back from JSON carry lists; keep the dataclass hashable.

@@ -16,7 +16,11 @@ What differs, because here the learner gets a finished rollout instead of steppi
 - the observation normalisers fold in the batch after the epochs, not at every env step, so the
   epochs run with the normaliser the collectors used;
 - the KL is the exact Gaussian KL, and the minibatches leave out a random remainder of the
-  batch (rsl_rl always leaves out the same last samples).
+  batch (rsl_rl always leaves out the same last samples);
+- with `symmetry` (rsl_rl's symmetry extension, Mittal et al. 2024, arXiv:2403.04359), each
+  mirror-image sample takes its value and KL anchor from the starting critic and policy on the
+  mirrored observation, where rsl_rl reuses the original sample's; the normalisers fold in both
+  samples, so they stay symmetric.
 
 `bootstrap_time_outs`, `gae`, `minibatch_indices`, `kl_adapted_learning_rate`,
 `clipped_surrogate_loss` and `apply_gradients` at the end of the file are the pieces APPO shares.
@@ -25,6 +29,7 @@ What differs, because here the learner gets a finished rollout instead of steppi
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,6 +39,9 @@ from hetlab.algos.configs import PPOConfig
 from hetlab.algos.networks import Critic, GaussianActor, build_actor_critic
 from hetlab.devices import OPTIMIZER_OPTIONS, mixed_precision
 from hetlab.errors import UserError
+
+if TYPE_CHECKING:
+    from hetlab.tasks.symmetry import TaskMirror
 
 
 class PPO:
@@ -49,9 +57,14 @@ class PPO:
     cpu_defaults = {"envs": 512}
 
     def __init__(self, obs_sizes: dict[str, int], action_size: int, cfg: PPOConfig, device: torch.device,
-                 seed: int = 0):
+                 seed: int = 0, mirror: TaskMirror | None = None):
         self.cfg = cfg
         self.device = device
+        if cfg.symmetry and mirror is None:
+            raise ValueError("PPO with symmetry needs the task's mirror")
+        # The mirrors of the observation groups and of the actions, as (column index, sign) on the device.
+        self.mirrors = {name: (torch.tensor(m.index, device=device), torch.tensor(m.sign, device=device))
+                        for name, m in ({**mirror.obs, "actions": mirror.action} if cfg.symmetry else {}).items()}
         self.actor: GaussianActor
         self.critic: Critic
         self.actor, self.critic = build_actor_critic(
@@ -97,9 +110,13 @@ class PPO:
         samples = {key: value.flatten(0, 1) for key, value in samples.items()}
         num_samples = samples["actions"].shape[0]
         totals = dict.fromkeys(("value_loss", "surrogate_loss", "entropy", "kl", "clip_fraction"), 0.0)
+        if self.mirrors:
+            samples, symmetry_gap = self._with_mirror_images(samples)
 
         # 5. Epochs × minibatches, one shuffle for all epochs.
         minibatches = minibatch_indices(num_samples, cfg.num_mini_batches, self.generator, self.device)
+        if self.mirrors:  # each sample's mirror image (row + num_samples) in its minibatch
+            minibatches = tuple(torch.cat([index, index + num_samples]) for index in minibatches)
         for _ in range(cfg.num_learning_epochs):
             for index in minibatches:
                 losses = self.minibatch_losses({key: value[index] for key, value in samples.items()})
@@ -111,9 +128,9 @@ class PPO:
                 for key in totals:
                     totals[key] += losses[key].detach()
 
-        # 6. Only now fold the batch into the normalisers, for the next rollouts and update.
-        self.actor.update_normalizer(policy_obs[:-1])
-        self.critic.update_normalizer(critic_obs[:-1])
+        # 6. Only now fold the batch (and its mirror image) into the normalisers, for the next rollouts and update.
+        self.actor.update_normalizer(samples["policy_obs"])
+        self.critic.update_normalizer(samples["critic_obs"])
 
         # 7. Metrics.
         steps = cfg.num_learning_epochs * len(minibatches)
@@ -121,7 +138,32 @@ class PPO:
         metrics["learning_rate"] = self.learning_rate
         metrics["action_std_mean"] = float(self.actor.log_std.detach().exp().mean())
         metrics["start_ratio_max_deviation"] = float((start_ratio - 1).abs().max())
+        if self.mirrors:
+            metrics["symmetry_gap"] = symmetry_gap
         return metrics
+
+    def _mirror(self, group: str, x: torch.Tensor) -> torch.Tensor:
+        index, sign = self.mirrors[group]
+        return x[..., index] * sign
+
+    @torch.no_grad()
+    def _with_mirror_images(self, samples: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
+        """The samples followed by their mirror images. A mirror image keeps its original's advantage and
+        return (the task is the same in a mirror) and behaviour log-prob: the mirrored behaviour policy
+        drew the mirrored action with the same probability, and that, not the starting policy's on the
+        mirrored observation, weighs it (with the latter the policy drifted from symmetric on cartpole).
+        Its value and KL anchor are the starting critic's and policy's on the mirrored observation. Also
+        the mean distance between the policy's mean action on a mirrored observation and its mirrored
+        mean action: how far the policy is from being symmetric."""
+        policy_obs, critic_obs = self._mirror("policy", samples["policy_obs"]), self._mirror("critic", samples["critic_obs"])
+        actions = self._mirror("actions", samples["actions"])
+        start = self.actor.distribution(policy_obs)
+        mirrored = {"policy_obs": policy_obs, "critic_obs": critic_obs, "actions": actions,
+                    "log_probs": samples["log_probs"], "values": self.critic(critic_obs),
+                    "returns": samples["returns"], "advantages": samples["advantages"],
+                    "start_mean": start.loc, "start_std": start.scale}
+        gap = (start.loc - self._mirror("actions", samples["start_mean"])).abs().mean()
+        return {key: torch.cat([samples[key], mirrored[key]]) for key in samples}, float(gap)
 
     def _minibatch_losses(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The epochs' forward passes and losses on one minibatch, and the KL from the starting policy."""

@@ -17,7 +17,8 @@ hooks are `_update_state` (derive this step's quantities from physics, before re
 (their own start-state randomisation) and `_episode_metrics` (what a finished episode scored
 besides its return, e.g. goals reached, reported in `info["episode_metrics"]`). A task names the
 unweighted reward terms whose per-step mean over an episode is one of its metrics in
-`tracked_terms`, and what "solved" means for it in `solved` (see criteria.py). A task whose
+`tracked_terms`, and what "solved" means for it in `solved` (see criteria.py). A left-right
+symmetric task declares its mirrors (symmetry.py): each observation term's and `action_mirror`. A task whose
 config has a penalty curriculum (curriculum.py) sets `curriculum`, which scales the weights of
 its penalty terms and is part of its state.
 """
@@ -36,6 +37,7 @@ from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.curriculum import PenaltyCurriculum
 from hetlab.tasks.terms import RewardTerm
 from hetlab.tasks.observations import Observations
+from hetlab.tasks.symmetry import Mirror, TaskMirror
 
 Obs = dict[str, np.ndarray]
 Index = slice | np.ndarray  # all envs (slice(None)) or an array of env ids
@@ -68,6 +70,7 @@ class Task(ABC):
     observations: ClassVar[Observations]  # the policy's terms and the critic's privileged ones
     obs_sizes: ClassVar[dict[str, int]]  # per observation group, from `observations`
     action_size: int
+    action_mirror: ClassVar[Mirror | None] = None  # its actions in a mirror (symmetry.py); None: not symmetric
     rewards: ClassVar[dict[str, RewardTerm]]  # the reward's terms by name
     reward_scale: float = 1.0  # multiplies the weighted sum (e.g. by dt, as MuJoCo Playground does)
     reward_floor: float | None = None  # the scaled reward is clipped from below to this, if set
@@ -83,6 +86,12 @@ class Task(ABC):
         if "observations" in cls.__dict__:
             cls.obs_sizes = cls.observations.sizes
             cls._policy_noise = cls.observations.policy_noise
+
+    @classmethod
+    def mirror(cls) -> TaskMirror | None:
+        """How the task's observations and actions look in a mirror; None where it is not left-right symmetric."""
+        obs = cls.observations.mirrors
+        return None if obs is None or cls.action_mirror is None else TaskMirror(obs, cls.action_mirror)
 
     @classmethod
     @abstractmethod

@@ -14,6 +14,7 @@ import numpy as np
 from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.criteria import Criterion
 from hetlab.tasks.observations import ObsTerm, Observations
+from hetlab.tasks.symmetry import Mirror
 from hetlab.tasks.terms import RewardTerm, alive
 
 RAIL_HALF_LENGTH = 2.0  # m
@@ -32,9 +33,12 @@ class CartpoleBalance(Task):
     episode_seconds = 10.0
     keyframe = "upright"
     # Slightly noisy readings for the policy; the critic sees the same state exactly.
-    observations = Observations(policy=tuple(ObsTerm(name, 1, noise=0.01) for name in
-                                             ("x", "cos_angle", "sin_angle", "x_dot", "angle_dot")))
+    # In a mirror the cart runs the other way and the pole leans the other way.
+    observations = Observations(policy=tuple(
+        ObsTerm(name, 1, noise=0.01, mirror=Mirror.same(1) if name == "cos_angle" else Mirror.negated(1))
+        for name in ("x", "cos_angle", "sin_angle", "x_dot", "angle_dot")))
     action_size = 1
+    action_mirror = Mirror.negated(1)
     solved = (Criterion("return", 475.0),)  # of the 500 a pole held upright at the centre for 10 s scores
     rewards = {
         "alive": RewardTerm(alive, 1.0),

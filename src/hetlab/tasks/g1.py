@@ -11,16 +11,23 @@ import mujoco
 import numpy as np
 
 from hetlab.assets import scene_xml
+from hetlab.tasks.symmetry import Mirror
 
 LEG = ("hip_pitch", "hip_roll", "hip_yaw", "knee", "ankle_pitch", "ankle_roll")
 ARM = ("shoulder_pitch", "shoulder_roll", "shoulder_yaw", "elbow", "wrist_roll", "wrist_pitch", "wrist_yaw")
 # Menagerie's order, which is also the order of the model's qpos and of its actuators.
 JOINTS = ([f"{side}_{j}_joint" for side in ("left", "right") for j in LEG] + [f"waist_{j}_joint" for j in ("yaw", "roll", "pitch")]
           + [f"{side}_{j}_joint" for side in ("left", "right") for j in ARM])
+# In a mirror left and right joints trade places; roll and yaw angles change sign, pitch (knees and
+# elbows too) does not.
+JOINT_MIRROR = Mirror.of_names(
+    JOINTS, partner=lambda joint: joint.replace("left", "#").replace("right", "left").replace("#", "right"),
+    negated=lambda joint: "_roll_" in joint or "_yaw_" in joint)
 # The scene's "knees_bent" keyframe, in JOINTS order.
 DEFAULT_POSE = np.array([-0.312, 0, 0, 0.669, -0.363, 0] * 2 + [0, 0, 0.073]
                         + [0.2, 0.2, 0, 0.6, 0, 0, 0] + [0.2, -0.2, 0, 0.6, 0, 0, 0])
 FEET = ("left_foot", "right_foot")
+FOOT_MIRROR = Mirror.of_items([1, 0], Mirror.same(1))  # a value per foot: the feet trade places
 FLOOR_FRICTION = 0.6  # Playground's foot-floor friction
 SOFT_LIMIT_FACTOR = 0.95  # joint-limit penalties start this far into each range
 

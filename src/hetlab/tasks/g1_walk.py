@@ -38,10 +38,11 @@ from hetlab.tasks.base import Index, Task, TaskConfig
 from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.curriculum import PenaltyCurriculum, PenaltyCurriculumConfig
-from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, JOINTS, G1Joints, g1_flat_spec
+from hetlab.tasks.g1 import DEFAULT_POSE, FEET, FLOOR_FRICTION, FOOT_MIRROR, JOINT_MIRROR, JOINTS, G1Joints, g1_flat_spec
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
 from hetlab.tasks.rotations import projected_gravity, yaw_quat
+from hetlab.tasks.symmetry import AXIAL, VECTOR, VELOCITY_COMMAND, Mirror
 from hetlab.tasks.terms import (FeetState, RewardTerm, joint_limit_violation, squared_norm, stand_still,
                                 velocity_tracking)
 
@@ -74,14 +75,20 @@ class G1WalkFlat(Task):
     keyframe = "knees_bent"
     # Playground's, with its noise (uniform ±) on the policy's copy.
     observations = Observations(
-        policy=(ObsTerm("linvel", 3, noise=0.1), ObsTerm("gyro", 3, noise=0.2), ObsTerm("gravity", 3, noise=0.05),
-                ObsTerm("command", 3), ObsTerm("joint_pos", 29, noise=0.03), ObsTerm("joint_vel", 29, noise=1.5),
-                ObsTerm("last_action", 29), ObsTerm("gait_cos", 2), ObsTerm("gait_sin", 2)),
-        privileged=(ObsTerm("accelerometer", 3), ObsTerm("world_angvel", 3), ObsTerm("pelvis_height", 1),
-                    ObsTerm("actuator_forces", 29), ObsTerm("feet_contact", 2), ObsTerm("feet_linvel", 6),
-                    ObsTerm("feet_air_time", 2), ObsTerm("physics_params", 3)),  # friction, mass and gain scales
+        policy=(ObsTerm("linvel", 3, noise=0.1, mirror=VECTOR), ObsTerm("gyro", 3, noise=0.2, mirror=AXIAL),
+                ObsTerm("gravity", 3, noise=0.05, mirror=VECTOR), ObsTerm("command", 3, mirror=VELOCITY_COMMAND),
+                ObsTerm("joint_pos", 29, noise=0.03, mirror=JOINT_MIRROR),
+                ObsTerm("joint_vel", 29, noise=1.5, mirror=JOINT_MIRROR), ObsTerm("last_action", 29, mirror=JOINT_MIRROR),
+                ObsTerm("gait_cos", 2, mirror=FOOT_MIRROR), ObsTerm("gait_sin", 2, mirror=FOOT_MIRROR)),
+        privileged=(ObsTerm("accelerometer", 3, mirror=VECTOR), ObsTerm("world_angvel", 3, mirror=AXIAL),
+                    ObsTerm("pelvis_height", 1, mirror=Mirror.same(1)),
+                    ObsTerm("actuator_forces", 29, mirror=JOINT_MIRROR), ObsTerm("feet_contact", 2, mirror=FOOT_MIRROR),
+                    ObsTerm("feet_linvel", 6, mirror=Mirror.of_items([1, 0], VECTOR)),
+                    ObsTerm("feet_air_time", 2, mirror=FOOT_MIRROR),
+                    ObsTerm("physics_params", 3, mirror=Mirror.same(3))),  # friction, mass and gain scales
     )
     action_size = 29
+    action_mirror = JOINT_MIRROR
     reward_scale = control_dt
     # Walks on command: stays up for the whole episode and tracks the commanded velocities.
     tracked_terms = ("tracking_lin_vel", "tracking_ang_vel")
@@ -217,8 +224,10 @@ class G1WalkFlat(Task):
         return np.exp(-error / 0.01) * moving
 
     def hip_deviation(self) -> np.ndarray:
-        """Hip roll and yaw away from the default pose; roll may deviate while the command asks for sideways speed."""
-        weights = np.where(self.commands.values[:, 1:2] > 0.1, [0.0, 1.0, 0.0, 1.0], 1.0)
+        """Hip roll and yaw away from the default pose; roll may deviate while the command asks for sideways
+        speed. Playground frees the roll for leftward commands only; either way here, so that the reward
+        is the same in a mirror."""
+        weights = np.where(np.abs(self.commands.values[:, 1:2]) > 0.1, [0.0, 1.0, 0.0, 1.0], 1.0)
         return (np.abs(self._deviation[:, HIP_ROLL_YAW]) * weights).sum(axis=1)
 
     def _observation_terms(self, ids: Index) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ from hetlab.tasks.commands import VelocityCommandConfig, VelocityCommands
 from hetlab.tasks.criteria import WALKS_ON_COMMAND
 from hetlab.tasks.observations import ObsTerm, Observations
 from hetlab.tasks.randomisation import DomainRandomiser, RandomisationConfig
+from hetlab.tasks.symmetry import AXIAL, VECTOR, VELOCITY_COMMAND, Mirror
 from hetlab.tasks.rotations import projected_gravity, rotate_inverse, yaw_quat
 from hetlab.tasks.terms import (FeetState, RewardTerm, feet_clearance, joint_limit_violation, mechanical_power,
                                 pose_similarity, squared_norm, stand_still, torque_magnitude, velocity_tracking)
@@ -41,6 +42,10 @@ SOFT_HIGH = 0.5 * (_LOW + _HIGH) + 0.475 * (_HIGH - _LOW)
 FOOT_RADIUS = 0.023
 CONTACT_HEIGHT = FOOT_RADIUS + 0.003  # foot centre below this → in contact with the floor
 POSE_WEIGHTS = np.tile([1.0, 1.0, 0.1], 4)
+# In a mirror the right legs trade places with the left and the hips' abduction changes sign.
+JOINT_MIRROR = Mirror.of_names(JOINTS, partner=lambda joint: joint[0] + {"R": "L", "L": "R"}[joint[1]] + joint[2:],
+                               negated=lambda joint: joint.endswith("_hip_joint"))
+FOOT_MIRROR = Mirror.of_items([1, 0, 3, 2], Mirror.same(1))  # FR ↔ FL, RR ↔ RL
 MIN_TRUNK_HEIGHT = 0.15  # m; lower counts as a fall
 FLOOR_FRICTION = 0.6  # nominal; the floor's priority makes its friction the contact's
 
@@ -61,13 +66,17 @@ class Go1JoystickFlat(Task):
     keyframe = "home"
     # Playground's, with its noise (uniform ±) on the policy's copy.
     observations = Observations(
-        policy=(ObsTerm("linvel", 3, noise=0.1), ObsTerm("gyro", 3, noise=0.2), ObsTerm("gravity", 3, noise=0.05),
-                ObsTerm("joint_pos", 12, noise=0.03), ObsTerm("joint_vel", 12, noise=1.5), ObsTerm("last_action", 12),
-                ObsTerm("command", 3)),
-        privileged=(ObsTerm("trunk_height", 1), ObsTerm("feet_last_contact", 4), ObsTerm("feet_air_time", 4),
-                    ObsTerm("feet_height", 4), ObsTerm("physics_params", 3)),  # friction, mass and gain scales
+        policy=(ObsTerm("linvel", 3, noise=0.1, mirror=VECTOR), ObsTerm("gyro", 3, noise=0.2, mirror=AXIAL),
+                ObsTerm("gravity", 3, noise=0.05, mirror=VECTOR), ObsTerm("joint_pos", 12, noise=0.03, mirror=JOINT_MIRROR),
+                ObsTerm("joint_vel", 12, noise=1.5, mirror=JOINT_MIRROR), ObsTerm("last_action", 12, mirror=JOINT_MIRROR),
+                ObsTerm("command", 3, mirror=VELOCITY_COMMAND)),
+        privileged=(ObsTerm("trunk_height", 1, mirror=Mirror.same(1)),
+                    ObsTerm("feet_last_contact", 4, mirror=FOOT_MIRROR), ObsTerm("feet_air_time", 4, mirror=FOOT_MIRROR),
+                    ObsTerm("feet_height", 4, mirror=FOOT_MIRROR),
+                    ObsTerm("physics_params", 3, mirror=Mirror.same(3))),  # friction, mass and gain scales
     )
     action_size = 12
+    action_mirror = JOINT_MIRROR
     reward_scale = control_dt
     reward_floor = 0.0  # as Playground: a step never scores below zero, so falling early never pays
     # Walks on command: stays up for the whole episode and tracks the commanded velocities.

@@ -192,7 +192,9 @@ class TrainConfig:
         from hetlab.tasks import task_class
 
         task = task_class(self.task)
-        return self.algorithm(task.obs_sizes, task.action_size, self.algo_config, device, seed=self.seed)
+        # Only PPO trains on mirror images (--ppo.symmetry), and only it is handed the task's mirrors.
+        mirror = {"mirror": task.mirror()} if getattr(self.algo_config, "symmetry", False) else {}
+        return self.algorithm(task.obs_sizes, task.action_size, self.algo_config, device, seed=self.seed, **mirror)
 
     def rollout_layout(self) -> RolloutLayout:
         from hetlab.runtime.rollout_ring import RolloutLayout
@@ -359,6 +361,12 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.is_off_policy:
         _validate_off_policy(cfg)
         return
+    if getattr(cfg.algo_config, "symmetry", False):
+        from hetlab.tasks import task_class
+
+        if task_class(cfg.task).mirror() is None:
+            raise UserError(f"--{cfg.algo}.symmetry: {cfg.task} is not the same in a mirror (it declares no mirrors); "
+                            "drop the option")
     minibatches = cfg.algo_config.num_mini_batches
     if (cfg.horizon * cfg.envs) % minibatches:
         raise UserError(
