@@ -118,18 +118,22 @@ report = {"task": args.task, "budget_minutes": args.budget_minutes,
 criteria = results[0]["final_eval"]["criteria"]
 # Beside the criteria, the evaluation episodes' length: what moves while survival is still 0.
 panels = [*criteria, {"metric": "episode_length", "threshold": None}]
-fig, axes = plt.subplots(1, len(panels), figsize=(max(6.4, 4.2 * len(panels)), 3.4), squeeze=False)
-for ax, criterion in zip(axes[0], panels):
-    for result in results:
-        rows = result["evaluations"]
-        ax.plot([row["wall_seconds"] / 60 for row in rows], [row[f"eval/{criterion['metric']}"] for row in rows],
-                "o-", label=f"seed {result['seed']}")
-    if criterion["threshold"] is not None:
-        ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
-    ax.set_xlabel("wall-clock minutes")
-    ax.set_title(criterion["metric"])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+# Against wall time (what "time to solve" means) and against env steps (sample efficiency: runs at
+# different speeds, or on different machines, compare there).
+fig, axes = plt.subplots(2, len(panels), figsize=(max(6.4, 4.2 * len(panels)), 6.4), squeeze=False)
+for row_axes, (x_key, x_scale, x_label) in zip(axes, (("wall_seconds", 60, "wall-clock minutes"),
+                                                     ("env_steps", 1e6, "million env steps"))):
+    for ax, criterion in zip(row_axes, panels):
+        for result in results:
+            rows = result["evaluations"]
+            ax.plot([row[x_key] / x_scale for row in rows], [row[f"eval/{criterion['metric']}"] for row in rows],
+                    "o-", label=f"seed {result['seed']} {result['options']}".strip())
+        if criterion["threshold"] is not None:
+            ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
+        ax.set_xlabel(x_label)
+        ax.set_title(criterion["metric"])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
 fig.suptitle(f"{args.task}: deterministic evaluations while training ({hardware})", fontsize="small")
 fig.tight_layout()
 fig.savefig(OUT / f"time_to_solve-{args.task}.png", dpi=120)

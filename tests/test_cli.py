@@ -39,6 +39,7 @@ def test_tasks_lists_every_registered_task_with_sizes():
     for row in rows:
         cls = TASKS[row["name"]]
         assert row["obs"] == cls.obs_sizes and row["actions"] == cls.action_size
+    assert {row["name"] for row in rows if row["symmetric"]} == {"cartpole-balance", "go1-joystick-flat", "g1-walk-flat"}
     assert "go1-joystick-flat" in run("tasks").stdout
 
 

@@ -19,8 +19,8 @@ What differs, because here the learner gets a finished rollout instead of steppi
   batch (rsl_rl always leaves out the same last samples);
 - with `symmetry` (rsl_rl's symmetry extension, Mittal et al. 2024, arXiv:2403.04359), each
   mirror-image sample takes its value and KL anchor from the starting critic and policy on the
-  mirrored observation, where rsl_rl reuses the original sample's; the normalisers fold in both
-  samples, so they stay symmetric.
+  mirrored observation, where rsl_rl reuses the original's value and measures the KL on the
+  originals only; the normalisers fold in both samples, so they stay symmetric.
 
 `bootstrap_time_outs`, `gae`, `minibatch_indices`, `kl_adapted_learning_rate`,
 `clipped_surrogate_loss` and `apply_gradients` at the end of the file are the pieces APPO shares.

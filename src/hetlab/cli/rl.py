@@ -112,6 +112,7 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
             "actions": cls.action_size,
             "control_hz": round(1.0 / cls.control_dt, 3),
             "episode_seconds": cls.episode_seconds,
+            "symmetric": cls.mirror() is not None,  # --ppo.symmetry applies
             "solved": [str(criterion) for criterion in cls.solved],
             "recipe": dataclasses.asdict(RECIPES[name]) if name in RECIPES else None,
             "rewards": {term_name: {"weight": term.weight, "params": dict(term.params), "penalty": term.penalty}
@@ -124,12 +125,12 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
         return
     table = Table(title="hetlab tasks")
     table.add_column("task", no_wrap=True)
-    for column in ("policy obs", "critic obs", "actions", "control Hz", "episode s"):
+    for column in ("policy obs", "critic obs", "actions", "control Hz", "episode s", "mirror (--ppo.symmetry)"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             row["name"], str(row["obs"]["policy"]), str(row["obs"]["critic"]), str(row["actions"]),
-            f"{row['control_hz']:g}", f"{row['episode_seconds']:g}",
+            f"{row['control_hz']:g}", f"{row['episode_seconds']:g}", "yes" if row["symmetric"] else "no",
         )
     console().print(table)
     recipes = Table(title="solved when (`hetlab eval`), and the recipe `hetlab train --task T` follows without --algo")
