@@ -110,12 +110,11 @@ class PPO:
         samples = {key: value.flatten(0, 1) for key, value in samples.items()}
         num_samples = samples["actions"].shape[0]
         totals = dict.fromkeys(("value_loss", "surrogate_loss", "entropy", "kl", "clip_fraction"), 0.0)
-        if self.mirrors:
-            samples, symmetry_gap = self._with_mirror_images(samples)
 
         # 5. Epochs × minibatches, one shuffle for all epochs.
         minibatches = minibatch_indices(num_samples, cfg.num_mini_batches, self.generator, self.device)
-        if self.mirrors:  # each sample's mirror image (row + num_samples) in its minibatch
+        if self.mirrors:  # the mirror images follow the samples; each minibatch holds its samples' (row + num_samples)
+            samples, symmetry_gap = self._with_mirror_images(samples)
             minibatches = tuple(torch.cat([index, index + num_samples]) for index in minibatches)
         for _ in range(cfg.num_learning_epochs):
             for index in minibatches:
