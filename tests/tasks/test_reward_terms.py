@@ -56,7 +56,7 @@ def test_a_runs_reward_weights_reach_its_collectors_and_its_record(tmp_path, ref
     assert not (tmp_path / "other").exists()
 
 
-def test_a_parameter_given_to_the_task_changes_that_terms_value_and_an_unknown_one_is_refused():
+def test_a_parameter_given_to_the_task_changes_that_terms_value_not_its_criterion_and_an_unknown_one_is_refused():
     own = make_task("go1-joystick-flat", num_envs=8, threads=1, seed=2)
     wider = make_task("go1-joystick-flat", num_envs=8, threads=1, seed=2,
                       reward_params={"tracking_lin_vel.sigma": 1.0})
@@ -69,6 +69,9 @@ def test_a_parameter_given_to_the_task_changes_that_terms_value_and_an_unknown_o
     assert wider_terms["tracking_lin_vel"] > terms["tracking_lin_vel"]
     assert {k: v for k, v in wider_terms.items() if k != "tracking_lin_vel"} == pytest.approx(
         {k: v for k, v in terms.items() if k != "tracking_lin_vel"})
+    # ... but "solved" is judged on the task's own kernel
+    np.testing.assert_array_equal(wider.tracked_sums, own.tracked_sums)
+    assert own.tracked_sums[:, 0].min() > 0
     with pytest.raises(UserError, match=r"has no reward parameter\(s\) tracking_lin_vel.width; its parameters "
                                         r"\(TERM.PARAMETER\): feet_air_time.target"):
         make_task("go1-joystick-flat", num_envs=2, reward_params={"tracking_lin_vel.width": 1.0})

@@ -172,7 +172,10 @@ class Task(ABC):
             reward += weighted
             term_means[name] = float(weighted.mean())
         for column, name in enumerate(self.tracked_terms):
-            self.tracked_sums[:, column] += terms[name]
+            # "Solved" is judged on the task's own kernels, whatever a run's reward_params make of them.
+            own = self.rewards[name].params
+            self.tracked_sums[:, column] += (terms[name] if self.reward_params[name] == own
+                                             else self.rewards[name].function(self, **own))
         if self.reward_floor is not None:
             np.maximum(reward, self.reward_floor, out=reward)
         reward = reward.astype(np.float32)
