@@ -47,7 +47,7 @@ PRESETS = {
                   2000, 10, lr_decay=0.25),
     # Seconds, for tests and smoke checks: a narrow model on 64×96 images.
     "tiny": Preset(64, 96, 200, 1e-3, ARActorConfig(d_model=32, heads=2, feedforward=64, expert_feedforward=64,
-                                                    backbone_width=8, chunk=10, dropout=0.0), 100, 10),
+                                                    backbone_width=8, chunk=10, dropout=0.0), 20, 10),
 }
 
 
