@@ -11,7 +11,7 @@ import tyro
 
 from hetlab.cli.output import console, err_console, print_json
 from hetlab.cli.parsing import Group
-from hetlab.imitation.config import StudyConfig
+from hetlab.imitation.config import OffloadTuneConfig, StudyConfig
 from hetlab.offload.config import QuantiseConfig
 from hetlab.seeds import parse_seeds
 
@@ -78,5 +78,37 @@ def offload_study(cfg: Annotated[StudyConfig, tyro.conf.arg(name="")]) -> None:
     console().print(f"study report: {report}", highlight=False, soft_wrap=True)
 
 
-offload = Group("Phase B's offloaded encoder: fidelity, devices, study.",
-                {"fidelity": offload_fidelity, "devices": offload_devices, "study": offload_study})
+def offload_tune(cfg: Annotated[OffloadTuneConfig, tyro.conf.arg(name="")]) -> None:
+    """Phase B's samples/s (and J/sample where power reads) under each condition and offload device; recommends one."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from hetlab.imitation.offload_tune import tune_offload
+
+    with Progress(console=err_console(), transient=True) as progress:
+        result = tune_offload(cfg, progress)
+    if cfg.json:
+        print_json(result)
+        return
+    samples = result["steps"] * result["batch"]
+    table = Table("condition", "offload device", "samples/s", "J/sample", "peak memory", "cache build",
+                  f"{result['steps']:,} steps", "vs learner-only",
+                  title=f"Phase B, {result['seconds_per_condition']:g} s per condition")
+    for row in result["conditions"]:
+        joules = row["joules_per_sample"]
+        table.add_row(row["condition"], row["offload_device"] or "—", f"{row['samples_per_s']:.1f}",
+                      "not read" if joules is None else f"{joules:.2f}", f"{row['peak_memory_bytes'] / 2**20:,.0f} MiB",
+                      f"{row['build_s']:.0f} s" if row["build_s"] else "—", f"{row['seconds_for_run'] / 60:,.1f} min",
+                      f"{row['speed_vs_learner']:.2f}×" if "speed_vs_learner" in row else "—")
+    console().print(table)
+    for row in result["conditions"]:
+        for note in row["notes"]:
+            console().print(f"{row['condition']}: {note}", highlight=False, soft_wrap=True)
+    choice = result["choice"]
+    console().print(f"recommended for {samples:,} samples, by {result['objective']}: {choice['options']} "
+                    f"(written to {result['written_to']})", highlight=False, soft_wrap=True)
+
+
+offload = Group("Phase B's offloaded encoder: fidelity, devices, study, tune.",
+                {"fidelity": offload_fidelity, "devices": offload_devices, "study": offload_study,
+                 "tune": offload_tune})

@@ -1,7 +1,7 @@
-"""The options of the imitation half's commands that take them whole: `hetlab aloha eval` (EvalConfig)
-and `hetlab offload study` (StudyConfig), and Phase B's conditions.
+"""The options of the imitation half's commands that take them whole: `hetlab aloha eval` (EvalConfig),
+`hetlab offload study` (StudyConfig) and `hetlab offload tune` (OffloadTuneConfig), and Phase B's conditions.
 
-Apart from the jobs that use them (evaluate.py, study.py, phase_b.py), which import torch, so
+Apart from the jobs that use them (evaluate.py, study.py, offload_tune.py, phase_b.py), which import torch, so
 that the command line builds its help without it.
 """
 
@@ -72,3 +72,22 @@ class StudyConfig:
     power_pattern: str = r"([0-9.]+)\s*W"  # regex; its first group is the watts
     power_device: str = "offload device"  # the name --power-command's readings appear under
     out: Path | None = None  # default <from_run>/study
+
+
+MIN_TUNE_SECONDS = 5.0  # a condition's run needs its first logged rows (every 10 steps) within this
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadTuneConfig:
+    from_run: Annotated[Path, tyro.conf.arg(name="from")]  # the Phase-A run whose encoder Phase B freezes
+    seconds: float = 20.0  # training time per condition, after its offload backend is made
+    conditions: str = ",".join(CONDITIONS)  # comma-separated, as `offload study --conditions`
+    offload_devices: str = "auto"  # comma-separated (`hetlab offload devices`); auto: every usable one
+    steps: int = 30_000  # the Phase-B run the choice is for: the cache's build is spread over its samples
+    batch: int = 8  # Phase B's batch
+    train_episodes: str = "0-39"  # the episodes Phase B will train on (the cache holds their frames)
+    calibration_episodes: str = "0-7"  # the INT8 prefixes' calibration frames come from these
+    cache_dtype: str = "fp16"  # how the cache condition stores features: fp16 or int8
+    cache_episodes: str = "0"  # where the cache is not built: the episodes a sample cache is built from
+    out: Path | None = None  # default <from_run>/offload/tune.json
+    json: bool = False  # print the result as JSON

@@ -109,7 +109,8 @@ def digest(settings: dict) -> str:
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode(), digest_size=4).hexdigest()
 
 
-def _train(cfg: PhaseBConfig) -> None:
+def train_with_every_core(cfg: PhaseBConfig) -> None:
+    """`train_phase_b` with torch on every core this process may use (in a spawned process)."""
     import torch
 
     torch.set_num_threads(cpu_count())
@@ -155,7 +156,7 @@ def run_study(cfg: StudyConfig, progress=None) -> Path:
                 if not (started and summary.is_file() and read_summary(summary).steps >= cfg.steps):
                     job = dataclasses.replace(phase_b, resume=run_dir) if started else dataclasses.replace(phase_b, out=run_dir)
                     try:
-                        call_in_own_process(_train, job, name="phase-b")
+                        call_in_own_process(train_with_every_core, job, name="phase-b")
                     except RuntimeError as e:
                         raise RuntimeError(f"Phase B {condition} seed {seed} failed; finished conditions are kept "
                                            f"in {out}") from e
