@@ -10,7 +10,8 @@ import pytest
 
 from hetlab.errors import UserError
 from hetlab.imitation.config import OffloadTuneConfig
-from hetlab.imitation.offload_tune import Measured, _choose, tune_offload
+from hetlab.imitation.offload_tune import Measured, _choose, _quantise_for, tune_offload
+from hetlab.offload.config import QuantiseConfig
 from hetlab.imitation.phase_a import train_phase_a
 from hetlab.imitation.presets import PhaseAConfig
 
@@ -48,16 +49,25 @@ def test_every_condition_is_timed_and_the_fastest_for_the_run_is_chosen(phase_a_
 
 def test_with_power_read_for_every_condition_the_least_energy_wins_over_the_fastest():
     fast = Measured("L4", "cpu", samples_per_s=20.0, joules_per_sample=3.0, peak_memory_bytes=1)
-    frugal = Measured("L1", "openvino:NPU", samples_per_s=10.0, joules_per_sample=1.0, peak_memory_bytes=1)
+    frugal = Measured("L1", "openvino:NPU", samples_per_s=10.0, joules_per_sample=1.0, peak_memory_bytes=1,
+                      symmetric_activations=True)
     learner = Measured("learner", None, samples_per_s=8.0, joules_per_sample=4.0, peak_memory_bytes=1)
     assert _choose([learner, fast, frugal], 1000)["choice"] == {
-        "condition": "L1", "offload_device": "openvino:NPU", "options": "--condition L1 --offload-device openvino:NPU"}
+        "condition": "L1", "offload_device": "openvino:NPU",
+        "options": "--condition L1 --offload-device openvino:NPU --quantise.symmetric-activations"}
     unread = Measured("cache", None, samples_per_s=40.0, joules_per_sample=None, peak_memory_bytes=1)
     by_time = _choose([learner, fast, frugal, unread], 1000)
     assert by_time["objective"] == "time" and by_time["choice"]["condition"] == "cache"
     # A cache whose build takes longer than the run saves is not chosen.
     slow_build = Measured("cache", None, samples_per_s=40.0, joules_per_sample=None, peak_memory_bytes=1, build_s=1e4)
     assert _choose([learner, fast, slow_build], 1000)["choice"]["condition"] == "L4"
+
+
+def test_openvino_prefixes_are_quantised_with_symmetric_activations_and_the_others_as_asked():
+    asked = QuantiseConfig()
+    assert _quantise_for("openvino", asked).symmetric_activations and _quantise_for("openvino:GPU", asked) \
+        .symmetric_activations
+    assert _quantise_for("cpu", asked) == asked and _quantise_for(None, asked) == asked
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -103,7 +103,8 @@ def offload_tune(cfg: Annotated[OffloadTuneConfig, tyro.conf.arg(name="")]) -> N
     console().print(table)
     for row in result["conditions"]:
         for note in row["notes"]:
-            console().print(f"{row['condition']}: {note}", highlight=False, soft_wrap=True)
+            name = row["condition"] + (f" on {row['offload_device']}" if row["offload_device"] else "")
+            console().print(f"{name}: {note}", highlight=False, soft_wrap=True)
     choice = result["choice"]
     console().print(f"recommended for {samples:,} samples, by {result['objective']}: {choice['options']} "
                     f"(written to {result['written_to']})", highlight=False, soft_wrap=True)

@@ -38,6 +38,7 @@ class Measured:
     peak_memory_bytes: int
     build_s: float = 0.0  # the feature cache's build still to pay for (0 when it exists)
     notes: list[str] = field(default_factory=list)
+    symmetric_activations: bool = False  # the offloaded prefix was quantised so (OpenVINO needs it)
 
     def seconds_for(self, samples: int) -> float:
         return self.build_s + samples / self.samples_per_s
@@ -98,6 +99,7 @@ def tune_offload(cfg: OffloadTuneConfig, progress=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="hetlab-offload-tune-") as scratch:
         for condition, device in jobs:
             job = dataclasses.replace(base, condition=condition, offload_device=device or "cpu",
+                                      quantise=_quantise_for(device, base.quantise),
                                       out=Path(scratch) / f"{condition}-{device}", runs_dir=Path(scratch))
             measured.append(_measure(job, cfg) if condition != "cache" else _measure_cache(job, cfg, phase_a))
             if task is not None:
@@ -110,6 +112,13 @@ def tune_offload(cfg: OffloadTuneConfig, progress=None) -> dict:
     write_text_atomic(out, json.dumps(result, indent=2))
     result["written_to"] = str(out)
     return result
+
+
+def _quantise_for(device: str | None, quantise):
+    """OpenVINO's CPU plugin compiles this model's int8 MatMuls only with activation zero points at 0."""
+    if device is not None and device.startswith("openvino"):
+        return dataclasses.replace(quantise, symmetric_activations=True)
+    return quantise
 
 
 def _measure(job, cfg: OffloadTuneConfig, build_s: float = 0.0, notes: list[str] | None = None) -> Measured:
@@ -126,7 +135,8 @@ def _measure(job, cfg: OffloadTuneConfig, build_s: float = 0.0, notes: list[str]
         rate = summary["samples_per_s"]
         notes = [*(notes or []), f"{summary['steps']} steps in {cfg.seconds:g} s: rate includes the warm-up"]
     return Measured(job.condition, job.offload_device if job.condition.startswith("L") else None, rate,
-                    summary["energy_per_sample"]["combined"], summary["peak_memory"]["bytes"], build_s, notes or [])
+                    summary["energy_per_sample"]["combined"], summary["peak_memory"]["bytes"], build_s, notes or [],
+                    symmetric_activations=job.condition.startswith("L") and job.quantise.symmetric_activations)
 
 
 def _measure_cache(job, cfg: OffloadTuneConfig, phase_a) -> Measured:
@@ -164,4 +174,5 @@ def _choose(measured: list[Measured], samples: int) -> dict:
     return {"objective": "energy" if by_energy else "time", "conditions": rows,
             "choice": {"condition": best.condition, "offload_device": best.offload_device,
                        "options": f"--condition {best.condition}"
-                                  + (f" --offload-device {best.offload_device}" if best.offload_device else "")}}
+                                  + (f" --offload-device {best.offload_device}" if best.offload_device else "")
+                                  + (" --quantise.symmetric-activations" if best.symmetric_activations else "")}}
