@@ -4,6 +4,8 @@ feature cache's build charged to it, the fastest (or least-energy) condition cho
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,9 +29,15 @@ def tune(run: Path, **options) -> OffloadTuneConfig:
 
 
 def test_every_condition_is_timed_and_the_fastest_for_the_run_is_chosen(phase_a_run, tmp_path):
+    """The command as a user runs it: its --json output is the result alone, what each condition's
+    own process prints goes to stderr."""
     out = tmp_path / "tune.json"
-    result = tune_offload(tune(phase_a_run, seconds=5, conditions="learner,L2,cache", offload_devices="cpu",
-                               cache_episodes="0", steps=2000, out=out))
+    done = subprocess.run([sys.executable, "-m", "hetlab.cli", "offload", "tune", "--from", str(phase_a_run),
+                           "--train-episodes", "0-1", "--calibration-episodes", "0-1", "--seconds", "5",
+                           "--conditions", "learner,L2,cache", "--offload-devices", "cpu", "--cache-episodes", "0",
+                           "--steps", "2000", "--out", str(out), "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
     rows = {row["condition"]: row for row in result["conditions"]}
     assert list(rows) == ["learner", "L2", "cache"]
     assert rows["L2"]["offload_device"] == "cpu" and rows["learner"]["offload_device"] is None

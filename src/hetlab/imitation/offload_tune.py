@@ -122,11 +122,10 @@ def _quantise_for(device: str | None, quantise):
 
 
 def _measure(job, cfg: OffloadTuneConfig, build_s: float = 0.0, notes: list[str] | None = None) -> Measured:
-    from hetlab.imitation.study import train_with_every_core
     from hetlab.run_history import read_history
     from hetlab.runtime.workers import call_in_own_process
 
-    call_in_own_process(train_with_every_core, job, name="phase-b")
+    call_in_own_process(_train_to_stderr, job, name="phase-b")
     summary = json.loads((job.out / "summary.json").read_text())
     rows = [row for row in read_history(job.out) if row["step"] > summary["first_step"]]
     if len(rows) >= 2 and rows[-1]["wall_s"] > rows[0]["wall_s"]:
@@ -137,6 +136,17 @@ def _measure(job, cfg: OffloadTuneConfig, build_s: float = 0.0, notes: list[str]
     return Measured(job.condition, job.offload_device if job.condition.startswith("L") else None, rate,
                     summary["energy_per_sample"]["combined"], summary["peak_memory"]["bytes"], build_s, notes or [],
                     symmetric_activations=job.condition.startswith("L") and job.quantise.symmetric_activations)
+
+
+def _train_to_stderr(job) -> None:
+    """A condition's run, what it prints sent to stderr: stdout is the table's, or the JSON's."""
+    import contextlib
+    import sys
+
+    from hetlab.imitation.study import train_with_every_core
+
+    with contextlib.redirect_stdout(sys.stderr):
+        train_with_every_core(job)
 
 
 def _measure_cache(job, cfg: OffloadTuneConfig, phase_a) -> Measured:
