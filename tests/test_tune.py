@@ -49,9 +49,13 @@ def test_sync_adds_the_stages_times_and_async_waits_for_the_slower():
 def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache(hetlab_here, tmp_path, monkeypatch):
     monkeypatch.setenv("HETLAB_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tuned.toml"
-    done = hetlab_here("tune", "--task", "cartpole-balance", "--seconds", "20", "--out", out, "--json")
+    done = hetlab_here("tune", "--task", "cartpole-balance", "--seconds", "20", "--out", out, "--json", "--explain")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
+    # The scaling model, fitted to the same probes: one row per core count, async only from 2 cores on.
+    scaling = result["scaling"]["predicted"]
+    assert [row["cores"] for row in scaling] == sorted({1, 2, 4, 8, 16, 32, 64, 128, cpu_count()})
+    assert scaling[0]["cpu_async"] is None and all(row["cpu_sync"] > 0 for row in scaling)
     measured = {(m["collectors"], m["threads"], m["torch_threads"]): m["env_steps_per_s"] for m in result["measured"]}
     chosen = result["chosen"]
     # The hand defaults and the best predicted other setting checked end to end; the faster one chosen.
@@ -82,6 +86,7 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
 
 @pytest.mark.parametrize("args, says", [
     (("tune", "--task", "cartpole-balance", "--seconds", "5"), "at least 20 s"),
+    (("tune", "--task", "cartpole-balance", "--explain", "--accelerator-update-ms", "-1"), "must be ≥ 0"),
     (("tune", "--task", "cartpole-balance", "--algo", "sac"), "tuning --algo sac is not available"),
     (("train", "--task", "cartpole-balance", "--tune", "--ppo.compile"), "tuning a compiled run is not available"),
     (("train", "--task", "cartpole-balance", "--tune", "--resume", "runs/x"), "a resumed run keeps its own"),

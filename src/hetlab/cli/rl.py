@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -10,6 +11,7 @@ import tyro
 
 from hetlab.cli.output import console, err_console, print_json
 from hetlab.cli.parsing import Group
+from hetlab.errors import UserError
 from hetlab.sim.bench_config import SimBenchConfig
 
 if TYPE_CHECKING:
@@ -97,7 +99,6 @@ class TasksConfig:
 
 def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -> None:
     """The registered tasks: sizes, what "solved" means, and the recipe `hetlab train --task T` follows."""
-    import dataclasses
 
     from rich.table import Table
 
@@ -187,14 +188,22 @@ class TuneConfig:
     # the TOML `hetlab train --config` takes; it is also cached, where `hetlab train --tune` finds it
     out: Path | None = None
     json: bool = False  # print the result as JSON
+    # also print the predicted env-steps/s on other core counts, with a CPU and an accelerator learner
+    explain: bool = False
+    # with --explain: an accelerator learner's seconds per update, in ms, as measured there; 0 = the bound for any
+    accelerator_update_ms: float = 0.0
 
 
 def tune(cfg: Annotated[TuneConfig, tyro.conf.arg(name="")] = TuneConfig()) -> None:
     """Measure this machine's stages and pick a run's collectors, physics and torch threads (writes TOML for --config)."""
     from rich.table import Table
 
+    from hetlab.train.scaling import CORE_COUNTS, scaling_table
     from hetlab.train.tune import cache_path, run_to_tune, tune as measure, write_tuned
 
+    if cfg.accelerator_update_ms < 0:
+        raise UserError(f"--accelerator-update-ms must be ≥ 0 (0 = a learner that costs nothing), got "
+                        f"{cfg.accelerator_update_ms:g}")
     run_cfg, device = run_to_tune(cfg.task, cfg.algo, cfg.envs, cfg.device)
     say = (lambda line: None) if cfg.json else (lambda line: console().print(line, highlight=False, soft_wrap=True))
     say(f"tuning {run_cfg.task}, {run_cfg.algo}, {run_cfg.envs} envs, {run_cfg.resolved_mode}, learner {device.name}")
@@ -202,12 +211,17 @@ def tune(cfg: Annotated[TuneConfig, tyro.conf.arg(name="")] = TuneConfig()) -> N
     files = [cache_path(run_cfg, device)] + ([cfg.out] if cfg.out else [])
     for file in files:
         write_tuned(file, result, run_cfg)
+    accelerator_update_s = cfg.accelerator_update_ms / 1000
+    scaling = scaling_table(result.scaling, sorted({*CORE_COUNTS, result.machine["cores"]}), accelerator_update_s) \
+        if cfg.explain else None
     if cfg.json:
         print_json({"chosen": result.chosen.options, "defaults": result.defaults.options,
                     "predicted": [{**s.options, "env_steps_per_s": v} for s, v in result.predicted.items()],
                     "measured": [{**s.options, "env_steps_per_s": v} for s, v in result.measured.items()],
                     "alternatives": result.alternatives, "machine": result.machine, "seconds": result.seconds,
-                    "files": [str(file) for file in files]})
+                    "files": [str(file) for file in files]}
+                   | ({"scaling": {"model": dataclasses.asdict(result.scaling), "predicted": scaling,
+                                   "ceilings": result.scaling.ceilings(accelerator_update_s)}} if scaling else {}))
         return
     table = Table(title=f"{run_cfg.task}: env-steps/s")
     for column in ("collectors", "physics threads each", "torch threads", "predicted", "measured", ""):
@@ -224,6 +238,27 @@ def tune(cfg: Annotated[TuneConfig, tyro.conf.arg(name="")] = TuneConfig()) -> N
         say(f"{option} would give about {rate:,.0f} env-steps/s (predicted), and changes what the run learns: "
             "give it yourself if you want it")
     say("written: " + ", ".join(str(file) for file in files) + "; `hetlab train --tune` or --config FILE uses it")
+    if scaling:
+        _print_scaling(result.scaling, scaling, cfg.accelerator_update_ms)
+
+
+def _print_scaling(model, rows: list[dict], accelerator_update_ms: float) -> None:
+    from rich.table import Table
+
+    learner = f"{accelerator_update_ms:g} ms an update" if accelerator_update_ms else "free (the bound)"
+    table = Table(title=f"predicted env-steps/s on N cores (accelerator learner: {learner})")
+    for column in ("cores", "CPU learner, sync", "CPU learner, async", "accelerator, sync", "accelerator, async"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row["cores"]), *("—" if row[key] is None else f"{row[key]:,.0f}"
+                                           for key in ("cpu_sync", "cpu_async", "accelerator_sync", "accelerator_async")))
+    console().print(table)
+    console().print(f"model: a collector step costs {1e3 * model.step_fixed_s:.2f} ms + {1e6 * model.step_per_env_s:.1f} µs "
+                    f"per env on one thread; an update {1e3 * model.update_serial_s:.0f} ms + "
+                    f"{1e3 * model.update_parallel_s:.0f} ms / torch threads; {1e3 * model.handover_s:.0f} ms per "
+                    "iteration beyond the stages", highlight=False, soft_wrap=True)
+    for what, rate in model.ceilings(accelerator_update_ms / 1000).items():
+        console().print(f"ceiling, {what}: {rate:,.0f} env-steps/s", highlight=False, soft_wrap=True)
 
 
 @dataclass(frozen=True)

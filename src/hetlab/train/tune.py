@@ -18,6 +18,7 @@ and reported, for the user to choose, since each changes what the run learns.
 4. The check: the best predicted setting and the hand defaults (the next best where they are the
    same) each train end to end for a few seconds (`hetlab train` in a subprocess); the faster
    measured one is chosen and written as TOML that `--config` takes.
+5. The scaling model (scaling.py), fitted to the stages and the checks, for `--explain`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hetlab.errors import UserError
 from hetlab.figures import FIGURES_ENV
 from hetlab.files import write_text_atomic
 from hetlab.run_history import read_history
+from hetlab.train.scaling import ScalingModel, fit_scaling
 
 DEFAULT_SECONDS = 90.0  # of probing, `hetlab train --tune`'s on first use
 MIN_SECONDS = 20.0  # below this the end-to-end checks see too few iterations to compare
@@ -205,6 +207,7 @@ class TuneResult:
     alternatives: dict[str, float]
     machine: dict[str, object]
     seconds: float  # the probing took
+    scaling: ScalingModel  # the stages and checks extrapolated to other core counts
 
     def toml(self, cfg) -> str:
         lines = [f"# hetlab tune: {cfg.task}, {cfg.algo}, {cfg.envs} envs, {self.mode}, on {self.machine['cpu']} "
@@ -303,7 +306,8 @@ def tune(cfg, device: LearnerDevice, seconds: float, progress=print) -> TuneResu
                                                  for s in settings + [defaults])
     return TuneResult(chosen=max(measured, key=measured.get), defaults=defaults, predicted=predicted,
                       measured=measured, mode=mode, alternatives=alternatives,
-                      machine=machine_description(device), seconds=time.perf_counter() - start)
+                      machine=machine_description(device), seconds=time.perf_counter() - start,
+                      scaling=fit_scaling(collector, update_seconds, predicted, measured, cfg.envs, cfg.horizon))
 
 
 def write_tuned(path: Path, result: TuneResult, cfg) -> None:
