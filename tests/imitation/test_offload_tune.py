@@ -45,6 +45,8 @@ def test_every_condition_is_timed_and_the_fastest_for_the_run_is_chosen(phase_a_
     assert rows["learner"]["speed_vs_learner"] == 1.0
     # The cache was not built for episodes 0-1: its build, scaled from episode 0's, is charged to the run.
     assert rows["cache"]["build_s"] > 0 and "estimated from" in rows["cache"]["notes"][0]
+    # The sample cache was the tuning's own: gone, where Phase B's caches would be.
+    assert not list((phase_a_run / "offload").glob("cache-*"))
     assert rows["cache"]["seconds_for_run"] == pytest.approx(
         rows["cache"]["build_s"] + 2000 * 8 / rows["cache"]["samples_per_s"])
     # By energy where a power meter (RAPL, NVML) read every condition, else by time.

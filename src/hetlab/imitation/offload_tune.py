@@ -9,14 +9,15 @@ steps' warm-up (threads started, kernels picked) does not count.
 
 The cache is built once for the training frames before its run can start, so its build is charged
 to it: the choice is the condition with the least time (or energy) for the `steps` the Phase-B run
-will train. Where that cache is not built yet, a cache of `cache_episodes` alone is built and
-trained on, and the full build's time is scaled from it by frame count.
+will train. Where that cache is not built yet, a cache of `cache_episodes` alone is built, trained
+on and removed, and the full build's time is scaled from it by frame count.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,14 +159,18 @@ def _measure_cache(job, cfg: OffloadTuneConfig, phase_a) -> Measured:
     if (cache_dir / "meta.json").is_file():
         return _measure(job, cfg, notes=["cache already built"])
     sample = dataclasses.replace(job, train_episodes=cfg.cache_episodes)
+    sample_dir = Path(job.from_run) / "offload" / f"cache-{job.cache_dtype}-{cfg.cache_episodes}"
+    made_here = not (sample_dir / "meta.json").is_file()  # else its build was timed when it was made
     measured = _measure(sample, cfg)
-    meta = json.loads((Path(job.from_run) / "offload" / f"cache-{job.cache_dtype}-{cfg.cache_episodes}"
-                       / "meta.json").read_text())
+    meta = json.loads((sample_dir / "meta.json").read_text())
+    if made_here:  # a by-product of tuning, not a cache anyone asked for
+        shutil.rmtree(sample_dir)
     frames = len(open_dataset(phase_a.dataset(), job.train_episodes, phase_a.image_size, phase_a.model.chunk,
                               f"Phase-A run {job.from_run}", phase_a.render_quality))
     build_s = meta["build_s"] * frames / meta["frames"]
     return dataclasses.replace(measured, build_s=build_s, notes=[
-        f"build of {frames} frames estimated from {meta['frames']} (episodes {cfg.cache_episodes}): {build_s:.0f} s"])
+        f"build of {frames} frames estimated from {meta['frames']} (episodes {cfg.cache_episodes}"
+        f"{'' if made_here else ', a cache built before'}): {build_s:.0f} s"])
 
 
 def _choose(measured: list[Measured], samples: int) -> dict:
