@@ -239,13 +239,13 @@ def tune(cfg: Annotated[TuneConfig, tyro.conf.arg(name="")] = TuneConfig()) -> N
             "give it yourself if you want it")
     say("written: " + ", ".join(str(file) for file in files) + "; `hetlab train --tune` or --config FILE uses it")
     if scaling:
-        _print_scaling(result.scaling, scaling, cfg.accelerator_update_ms)
+        _print_scaling(result.scaling, scaling, accelerator_update_s)
 
 
-def _print_scaling(model, rows: list[dict], accelerator_update_ms: float) -> None:
+def _print_scaling(model, rows: list[dict], accelerator_update_s: float) -> None:
     from rich.table import Table
 
-    learner = f"{accelerator_update_ms:g} ms an update" if accelerator_update_ms else "free (the bound)"
+    learner = f"{1e3 * accelerator_update_s:g} ms an update" if accelerator_update_s else "free (the bound)"
     table = Table(title=f"predicted env-steps/s on N cores (accelerator learner: {learner})")
     for column in ("cores", "CPU learner, sync", "CPU learner, async", "accelerator, sync", "accelerator, async"):
         table.add_column(column, justify="right")
@@ -257,7 +257,7 @@ def _print_scaling(model, rows: list[dict], accelerator_update_ms: float) -> Non
                     f"per env on one thread; an update {1e3 * model.update_serial_s:.0f} ms + "
                     f"{1e3 * model.update_parallel_s:.0f} ms / torch threads; {1e3 * model.handover_s:.0f} ms per "
                     "iteration beyond the stages", highlight=False, soft_wrap=True)
-    for what, rate in model.ceilings(accelerator_update_ms / 1000).items():
+    for what, rate in model.ceilings(accelerator_update_s).items():
         console().print(f"ceiling, {what}: {rate:,.0f} env-steps/s", highlight=False, soft_wrap=True)
 
 

@@ -54,7 +54,7 @@ class Measured:
 
 def offload_targets(asked: str) -> list[str]:
     """The offload devices to measure: those asked for (each refused if unusable here), or every usable one."""
-    from hetlab.offload.backends import available_offload_devices
+    from hetlab.offload.backends import ORT_SHORT_NAMES, available_offload_devices
 
     devices = available_offload_devices()
     if asked != "auto":
@@ -65,9 +65,10 @@ def offload_targets(asked: str) -> list[str]:
                                 f"`hetlab offload devices` lists them")
         return chosen
     usable = [name for name, status in devices.items() if status == "available"]
-    # torch runs the prefix on the learner itself; ort:CPU and openvino:CPU are cpu and openvino again.
-    return [name for name in usable if name != "torch" and name not in NOT_OFFLOAD_DEVICES
-            and name not in ("ort:CPUExecutionProvider", "ort:CUDAExecutionProvider", "openvino:CPU")]
+    # torch runs the prefix on the learner itself; ort:<the short names' providers> and openvino:CPU are
+    # cpu, cuda and openvino again.
+    again = {f"ort:{provider}" for provider in ORT_SHORT_NAMES.values()} | {"openvino:CPU"}
+    return [name for name in usable if name != "torch" and name not in NOT_OFFLOAD_DEVICES and name not in again]
 
 
 def tune_offload(cfg: OffloadTuneConfig, progress=None) -> dict:
@@ -155,11 +156,10 @@ def _measure_cache(job, cfg: OffloadTuneConfig, phase_a) -> Measured:
     of `cache_episodes`, with the full build's time scaled from that one's by frame count."""
     from hetlab.imitation.data import open_dataset
 
-    cache_dir = Path(job.from_run) / "offload" / f"cache-{job.cache_dtype}-{job.train_episodes}"
-    if (cache_dir / "meta.json").is_file():
+    if (job.cache_dir / "meta.json").is_file():
         return _measure(job, cfg, notes=["cache already built"])
     sample = dataclasses.replace(job, train_episodes=cfg.cache_episodes)
-    sample_dir = Path(job.from_run) / "offload" / f"cache-{job.cache_dtype}-{cfg.cache_episodes}"
+    sample_dir = sample.cache_dir
     made_here = not (sample_dir / "meta.json").is_file()  # else its build was timed when it was made
     measured = _measure(sample, cfg)
     meta = json.loads((sample_dir / "meta.json").read_text())

@@ -102,6 +102,11 @@ class PhaseBConfig:
     resume: Path | None = None  # a Phase-B run to continue
 
     @property
+    def cache_dir(self) -> Path:
+        """Where the cache condition's features of the training frames live, beside the Phase-A run."""
+        return Path(self.from_run) / "offload" / f"cache-{self.cache_dtype}-{self.train_episodes}"
+
+    @property
     def boundary(self) -> int:
         """Encoder layers run before the learner: k for Lk, 0 for learner (and cache, which skips them)."""
         return int(self.condition[1:]) if self.condition.startswith("L") else 0
@@ -309,7 +314,7 @@ def train_phase_b(cfg: PhaseBConfig, progress=None) -> Path:
         optimizer.load_state_dict(state["optimizer"])
     cache_info = None
     if cfg.condition == "cache":
-        cache_dir = Path(cfg.from_run) / "offload" / f"cache-{cfg.cache_dtype}-{cfg.train_episodes}"
+        cache_dir = cfg.cache_dir
         key = {"phase_a_step": phase_a_step, "train_episodes": cfg.train_episodes, "image_size": [height, width]}
         built = None
         if not (cache_dir / "meta.json").is_file():
