@@ -69,17 +69,17 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
     assert {k: v for k, v in tomllib.loads(out.read_text()).items()} == chosen
     assert [Path(f).parent.name for f in result["files"]] == ["tune", out.parent.name]
 
-    # `--tune` finds it in the cache (no probing: the run starts at once) and records the values as tuned;
-    # an option given on the command line wins over the tuned one.
-    runs = tmp_path / "runs"
-    done = hetlab_here("train", "--task", "cartpole-balance", "--tune", "--collectors", "1", "--max-iterations", "2",
+    # `--tune` finds it in the cache (no probing: the run starts at once) and records the values as tuned,
+    # over what a --config file gave for them.
+    runs, options_file = tmp_path / "runs", tmp_path / "options.toml"
+    options_file.write_text("collectors = 1\nthreads = 1\n")
+    done = hetlab_here("train", "--task", "cartpole-balance", "--config", options_file, "--tune", "--max-iterations", "2",
                        "--eval-every", "0", "--runs-dir", runs)
     assert done.returncode == 0, done.stderr
     assert "tuned setting for this machine and run" in done.stderr and "tuning" not in done.stderr
     run_dir = Path(done.stdout.splitlines()[0])
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["collectors"] == 1 and config["option_sources"]["collectors"] == "command line"
-    for option in ("threads", "torch_threads"):
+    for option in ("collectors", "threads", "torch_threads"):
         assert config[option] == chosen[option] and config["option_sources"][option] == "tune"
     assert f"--torch-threads {chosen['torch_threads']}" in done.stdout
 
@@ -91,8 +91,10 @@ def test_tune_picks_the_faster_checked_setting_and_train_takes_it_from_the_cache
     (("train", "--task", "cartpole-balance", "--tune", "--ppo.compile"), "tuning a compiled run is not available"),
     (("train", "--task", "cartpole-balance", "--tune", "--resume", "runs/x"), "a resumed run keeps its own"),
     (("train", "--task", "cartpole-balance", "--torch-threads", "999"), "exceeds the"),
+    (("train", "--task", "cartpole-balance", "--tune", "--collectors", "1", "--torch-threads", "1"),
+     "--tune chooses --collectors, --threads, --torch-threads itself; drop --collectors, --torch-threads or drop --tune"),
     # Refused before any probing: the bad option, not 90 s of tuning, is what the user hears about.
-    (("train", "--task", "cartpole-balance", "--tune", "--torch-threads", "999"), "exceeds the"),
+    (("train", "--task", "cartpole-balance", "--tune", "--envs", "0"), "--envs must be at least 1"),
     (("tune", "--task", "no-such-task"), "unknown task 'no-such-task'"),
 ])
 def test_tune_refuses_bad_input_in_one_line(refusal, args, says, tmp_path):

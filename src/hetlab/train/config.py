@@ -89,7 +89,7 @@ class TrainConfig:
     threads: int = 0  # physics threads in total, split over the collectors; 0 = the thread budget's
     torch_threads: int = 0  # the learner's torch threads; 0 = the thread budget's
     # collectors, physics and torch threads from `hetlab tune` for this machine and run (measured on first use,
-    # then cached); options given beside it win
+    # then cached), over a --config file's; --collectors, --threads or --torch-threads beside it is refused
     tune: bool = False
     horizon: int = 24  # env steps per rollout (off-policy: per iteration)
     ring_slots: int = 0  # rollout slots in shared memory; 0 = one per collector (sync), two (async)

@@ -38,7 +38,7 @@ from hetlab.train.recipes import RECIPES
 from hetlab.train.loggers import require_logger
 from hetlab.train.off_policy import train_off_policy
 from hetlab.train.on_policy import train_on_policy
-from hetlab.train.tune import with_tuned_setting
+from hetlab.train.tune import TUNED_OPTIONS, with_tuned_setting
 from hetlab.train.video import check_rendering
 
 # What a resumed run may take from the launch: its budgets, cadences, where it runs and where a run
@@ -69,6 +69,10 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     if cfg.resume and cfg.tune:
         raise UserError("--tune picks the collectors of a new run, and a resumed run keeps its own; give --threads "
                         "or --torch-threads to change where it runs")
+    chosen_by_hand = [name for name in TUNED_OPTIONS if given.get(name) in ("command line", "python")]
+    if cfg.tune and chosen_by_hand:
+        raise UserError(f"--tune chooses {', '.join('--' + cli_name(name) for name in TUNED_OPTIONS)} itself; "
+                        f"drop {', '.join('--' + cli_name(name) for name in chosen_by_hand)} or drop --tune")
     if cfg.resume:
         run_dir = Path(cfg.resume)
         chosen = checkpoint_dir(run_dir, cfg.checkpoint)
@@ -100,7 +104,7 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     tuned = {}
     if cfg.tune and resume_state is None:  # last: every one-line refusal comes before the probing
         # Its progress goes to stderr: stdout's first line is the run directory.
-        cfg, tuned, tuned_file = with_tuned_setting(cfg, given, device,
+        cfg, tuned, tuned_file = with_tuned_setting(cfg, device,
                                                     progress=lambda line: print(line, file=sys.stderr, flush=True))
         sources |= dict.fromkeys(tuned, "tune")
         validate(cfg)

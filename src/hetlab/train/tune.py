@@ -320,13 +320,12 @@ def read_tuned(path: Path) -> dict[str, int]:
     return {name: value for name, value in tomllib.loads(path.read_text()).items() if name in TUNED_OPTIONS}
 
 
-def with_tuned_setting(cfg, given, device: LearnerDevice, progress=print):
-    """(`cfg` with the tuned setting for the options not given, {option: value} it set, the file it
-    came from): the cached one for this machine and the run's shape, else tuned now (DEFAULT_SECONDS)
-    and cached."""
+def with_tuned_setting(cfg, device: LearnerDevice, progress=print):
+    """(`cfg` with the tuned setting, {option: value} it set, the file it came from): the cached one
+    for this machine and the run's shape, else tuned now (DEFAULT_SECONDS) and cached. The setting
+    replaces what a --config file gave for those options; the command line gives none of them
+    beside --tune (train refuses that)."""
     path = cache_path(cfg, device)
-    if all(name in given for name in TUNED_OPTIONS):
-        return cfg, {}, path
     check_tunable(cfg)
     if path.is_file():
         progress(f"tuned setting for this machine and run: {path} (`hetlab tune` measures it again)")
@@ -334,7 +333,7 @@ def with_tuned_setting(cfg, given, device: LearnerDevice, progress=print):
         progress(f"tuning the run's collectors and threads for this machine (~{DEFAULT_SECONDS:.0f} s, once; "
                  f"cached in {path})")
         write_tuned(path, tune(cfg, device, DEFAULT_SECONDS, progress), cfg)
-    options = {name: value for name, value in read_tuned(path).items() if name not in given}
+    options = read_tuned(path)
     return dataclasses.replace(cfg, **options), options, path
 
 
