@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from hetlab.algos.networks import Critic, EmpiricalNormalization, GaussianActor, build_actor_critic, mlp
+from hetlab.algos.networks import (Critic, EmpiricalNormalization, FullPrecisionLinear, GaussianActor, build_actor_critic,
+                                   mlp)
 
 
 def test_normalizer_matches_numpy_over_concatenated_batches():
@@ -37,7 +38,7 @@ def test_fresh_normalizer_is_identity_and_empty_update_changes_nothing():
 
 def test_mlp_layout():
     net = mlp(4, (8, 6), 2)
-    assert [type(m) for m in net] == [nn.Linear, nn.ELU, nn.Linear, nn.ELU, nn.Linear]
+    assert [type(m) for m in net] == [nn.Linear, nn.ELU, nn.Linear, nn.ELU, FullPrecisionLinear]
     assert (net[0].in_features, net[2].in_features, net[4].in_features, net[4].out_features) == (4, 8, 6, 2)
     assert net(torch.zeros(3, 5, 4)).shape == (3, 5, 2)
 
@@ -107,3 +108,20 @@ def test_build_actor_critic_is_seeded_and_leaves_global_rng_alone(seed):
                     [*actor2.state_dict().values(), *critic2.state_dict().values()]):
         assert torch.equal(a, b)
     assert critic.value_net[0].in_features == 6 and actor.mean_net[0].in_features == 4
+
+
+def test_output_layers_compute_in_fp32_under_bf16_autocast():
+    """Under --<algo>.bf16 the hidden layers run in bf16 and the output layers in fp32: the action mean
+    and the value are fp32 values of the bf16 hidden activations, not bf16-rounded ones."""
+    torch.manual_seed(0)
+    actor, critic = GaussianActor(5, 3, hidden=(64, 64)), Critic(5, hidden=(64, 64))
+    obs = torch.randn(256, 5)
+    for net, head in ((actor, actor.mean_net), (critic, critic.value_net)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = net(obs)
+            hidden = head[:-1](net.obs_normalizer(obs))
+        assert out.dtype == torch.float32 and hidden.dtype == torch.bfloat16
+        exact = head[-1](hidden.float()).squeeze(-1)
+        assert torch.equal(out, exact)
+        assert not torch.equal(out, exact.bfloat16().float())  # bf16 rounding would have changed it
+        assert 0 < (out - net(obs)).abs().max() < 0.05  # the hidden layers did run in bf16

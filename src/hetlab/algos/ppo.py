@@ -169,7 +169,7 @@ class PPO:
         cfg = self.cfg
         with mixed_precision(self.device, cfg.bf16):
             dist = self.actor.distribution(mb["policy_obs"])
-            values_now = self.critic(mb["critic_obs"]).float()
+            values_now = self.critic(mb["critic_obs"])
         log_probs = dist.log_prob(mb["actions"]).sum(-1)
         entropy = dist.entropy().sum(-1).mean()
         with torch.no_grad():
