@@ -32,7 +32,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from hetlab.train.config import cli_name, cli_value
+from hetlab.train.config import cli_option
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--task", required=True)
@@ -89,7 +89,7 @@ def options_over_recipe(config: dict) -> str:
         if source.startswith("command line") and name not in BOOKKEEPING:
             group, _, field = name.rpartition(".")
             value = config["algos"][group][field] if group in config["algos"] else config[name]
-            given.append(f"--{cli_name(name)} {cli_value(tuple(value) if isinstance(value, list) else value)}")
+            given.append(cli_option(name, value))
     return " ".join(given)
 
 

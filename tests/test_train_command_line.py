@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ from hetlab.algos import ALGOS
 from hetlab.cli import main
 from hetlab.errors import UserError
 from hetlab.train.command_line import as_train_config, command_type
-from hetlab.train.config import TrainConfig, config_from_options
+from hetlab.train.config import TrainConfig, cli_option, config_from_options, option_value
+from hetlab.train.recipes import RECIPES
 
 HETLAB = str(Path(sys.executable).with_name("hetlab"))
 
@@ -106,3 +108,19 @@ def test_a_run_s_config_json_starts_a_new_run_with_the_same_options(tmp_path, he
     assert sources_a["ppo.gamma"] == "command line" and sources_a["eval_every"] == "recipe"
     assert sources_b["seed"] == sources_b["config"] == "command line"
     assert sources_b["ppo.gamma"] == sources_b["eval_every"] == "config file"
+
+
+@pytest.mark.parametrize("task", sorted(RECIPES))
+def test_a_recipe_as_printed_parses_back_to_its_values(task):
+    """The options a run prints for its recipe (and `hetlab tasks` lists) are a command line that gives
+    the same values: a bool is a flag, a tuple its items."""
+    recipe = RECIPES[task]
+    options = {**recipe.options, **recipe.cpu}
+    args = ["--task", task, "--algo", recipe.algo]
+    for name, value in options.items():
+        args += shlex.split(cli_option(name, value))
+    cfg = parse(*args)
+    for name, value in options.items():
+        assert option_value(cfg, name) == value, name
+    assert cli_option("ppo.symmetry", False) == "--ppo.no-symmetry" and parse("--ppo.no-symmetry").algos.ppo.symmetry is False
+    assert cli_option("until_solved", True) == "--until-solved"

@@ -103,7 +103,7 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
     from rich.table import Table
 
     from hetlab.tasks import TASKS
-    from hetlab.train.config import cli_name, cli_value
+    from hetlab.train.config import cli_option
     from hetlab.train.recipes import RECIPES
 
     rows = [
@@ -140,7 +140,7 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
     for row in rows:
         recipe = row["recipe"]
         options = "ppo, the algorithm's defaults" if recipe is None else " ".join(
-            [recipe["algo"], *(f"--{cli_name(k)} {cli_value(v)}" for k, v in {**recipe["options"], **recipe["cpu"]}.items())])
+            [recipe["algo"], *(cli_option(k, v) for k, v in {**recipe["options"], **recipe["cpu"]}.items())])
         recipes.add_row(row["name"], ", ".join(row["solved"]) or "not defined", options,
                         (recipe and recipe["time_to_solve"]) or "not solved yet")
     console().print(recipes)

@@ -246,10 +246,17 @@ def cli_name(name: str) -> str:
     return ("ray" if head == "ray_pool" and dot else head).replace("_", "-") + dot + rest.replace("_", "-")
 
 
-def cli_value(value) -> str:
-    if isinstance(value, dict):  # --reward-weights NAME WEIGHT ...
-        return " ".join(f"{key} {item}" for key, item in value.items())
-    return " ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+def cli_option(name: str, value) -> str:
+    """An option and its value as the command line takes them: --envs 512, --ppo.actor-hidden 256 128,
+    --reward-weights alive 0.5, and a flag for a bool: --ppo.symmetry, --ppo.no-symmetry."""
+    if isinstance(value, bool):
+        head, dot, flag = cli_name(name).rpartition(".")
+        return f"--{head}{dot}{flag if value else 'no-' + flag}"
+    if isinstance(value, dict):
+        shown = " ".join(f"{key} {item}" for key, item in value.items())
+    else:
+        shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    return f"--{cli_name(name)} {shown}"
 
 
 def option_names(options: dict) -> set[str]:

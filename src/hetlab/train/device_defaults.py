@@ -19,7 +19,7 @@ from collections.abc import Collection
 
 from hetlab.algos import ALGO_CONFIGS
 from hetlab.devices import LearnerDevice
-from hetlab.train.config import TrainConfig, cli_name, cli_value, option_path, option_value, options_set, with_option
+from hetlab.train.config import TrainConfig, cli_option, option_path, option_value, options_set, with_option
 
 
 def scale_defaults(cfg: TrainConfig, device: LearnerDevice,
@@ -43,6 +43,6 @@ def scale_defaults(cfg: TrainConfig, device: LearnerDevice,
 
 def scaled_line(scaled: dict[str, object]) -> str:
     """The line a run prints at its start when defaults were scaled for the CPU learner."""
-    options = " ".join(f"--{cli_name(option)} {cli_value(value)}" for option, value in scaled.items())
+    options = " ".join(cli_option(option, value) for option, value in scaled.items())
     return (f"CPU learner: defaults scaled for it: {options} (give an option another value to set it, "
             "or --no-scale-defaults for the accelerator-sized defaults)")

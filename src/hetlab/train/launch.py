@@ -30,7 +30,7 @@ from hetlab.files import write_text_atomic
 from hetlab.run_history import read_history, write_history
 from hetlab.run_meta import META_FILE, record_launch
 from hetlab.runtime.pool import CollectorPool, ProcessPool
-from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_value, load_run_config, option_path,
+from hetlab.train.config import (OPTION_SOURCES, TrainConfig, cli_name, cli_option, load_run_config, option_path,
                                  option_value, options_set, read_option_sources, validate, with_option, with_ray_pool_sizes,
                                  with_run_defaults)
 from hetlab.train.device_defaults import scale_defaults, scaled_line
@@ -131,7 +131,7 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
         if scaled:
             print(scaled_line(scaled), flush=True)
         if tuned:
-            options = " ".join(f"--{cli_name(option)} {value}" for option, value in tuned.items())
+            options = " ".join(cli_option(option, value) for option, value in tuned.items())
             print(f"tuned for this machine: {options} ({tuned_file})", flush=True)
 
         apply_thread_budget(budget)
@@ -234,6 +234,6 @@ def with_recipe(cfg: TrainConfig, given: Mapping[str, str], accelerator: bool) -
 
 def recipe_line(task: str, applied: dict) -> str:
     """The line a run prints at its start when it follows its task's recipe."""
-    options = " ".join(f"--{cli_name(option)} {cli_value(value)}" for option, value in applied.items())
+    options = " ".join(cli_option(option, value) for option, value in applied.items())
     return (f"{task}'s recipe: {options} (give an option to change it, or --algo to train without the recipe; "
             "`hetlab tasks` lists the recipes)")
