@@ -51,7 +51,9 @@ test: setup
 ISA_TESTS := tests/policies/test_ar_actor.py tests/offload/test_offload_export.py tests/offload/test_offload_backends.py \
 	tests/offload/test_openvino_backend.py \
 	tests/imitation/test_phase_b.py::test_offloaded_fp32_prefix_trains_like_the_learner_only_condition \
-	tests/algos/test_ppo.py::test_a_compiled_update_takes_the_eager_ones_step
+	tests/algos/test_ppo.py::test_a_compiled_update_takes_the_eager_ones_step \
+	tests/algos/test_ppo.py::test_bf16_updates_within_bf16_rounding_of_fp32 \
+	tests/algos/test_networks.py::test_output_layers_compute_in_fp32_under_bf16_autocast
 test-isa: setup
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q $(ISA_TESTS)
 

@@ -23,6 +23,8 @@ class FullPrecisionLinear(nn.Linear):
     0.4 % before PPO's ratio, KL and value loss are taken from them. It is the network's smallest matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(x.device.type):  # fp32 already (a collector's step): no context to enter
+            return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
             return super().forward(x.float())
 

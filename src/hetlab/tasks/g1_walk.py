@@ -4,8 +4,9 @@ After MuJoCo Playground's G1 joystick task: its scene (feet-only collisions, 2 m
 kp 75 position actuators, softer ankles and wrists), 50 Hz control with actions scaled by 0.5
 around the knees-bent pose, its reward terms and weights (scaled by the control period),
 commands resampled every 10 s, a gait clock the feet are rewarded for following, and random
-pushes every 5–10 s (up to 1 m/s, Holosoma's, where Playground's reach 2 m/s). An episode ends when the torso turns over, the feet collide, or (only the
-feet touch the ground, so a fallen robot would sink through it) the pelvis drops below 0.3 m.
+pushes every 5–10 s (up to 1 m/s, Holosoma's, where Playground's reach 2 m/s). An episode ends
+when the torso turns over, the feet collide, or (only the feet touch the ground, so a fallen robot
+would sink through it) the pelvis drops below 0.3 m.
 
 Departures, after Holosoma's G1 locomotion recipe, because with Playground's terms alone PPO did
 not learn to stand in 8 M env steps (docs/benchmarks.md#time-to-solve): an `alive` term pays each
@@ -61,8 +62,8 @@ class G1WalkConfig(TaskConfig):
     randomisation: RandomisationConfig = field(default_factory=RandomisationConfig)
     pushes: bool = True  # kick the pelvis sideways now and then
     push_interval: tuple[float, float] = (5.0, 10.0)  # s between pushes, drawn per episode
-    # m/s added to the pelvis's planar velocity: at most Holosoma's 1.0, not Playground's 2.0, which felled a
-    # policy that stood through 87 % of unpushed episodes at 99 % of pushes over 1.5 m/s (docs/benchmarks.md)
+    # m/s added to the pelvis's planar velocity: at most Holosoma's 1.0, not Playground's 2.0. A policy that
+    # survived 87 % of unpushed episodes survived 1 % of those pushed at 1.5–2 m/s (docs/benchmarks.md).
     push_speed: tuple[float, float] = (0.1, 1.0)
     gait_frequency: tuple[float, float] = (1.25, 1.5)  # Hz of the gait clock, drawn per episode
     # None: every penalty at its full weight and no alive bonus

@@ -252,10 +252,8 @@ def cli_option(name: str, value) -> str:
     if isinstance(value, bool):
         head, dot, flag = cli_name(name).rpartition(".")
         return f"--{head}{dot}{flag if value else 'no-' + flag}"
-    if isinstance(value, dict):
-        shown = " ".join(f"{key} {item}" for key, item in value.items())
-    else:
-        shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+    items = [f"{key} {item}" for key, item in value.items()] if isinstance(value, dict) else value
+    shown = " ".join(map(str, items)) if isinstance(items, (tuple, list)) else str(items)
     return f"--{cli_name(name)} {shown}"
 
 
