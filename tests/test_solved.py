@@ -177,6 +177,12 @@ def test_eval_judges_a_run_writes_its_report_and_films_episodes(tmp_path, capsys
     main(["eval", str(run), "--episodes", "16", "--sim-dt", "0.005", "--json"])
     finer = json.loads(capsys.readouterr().out)
     assert finer["sim_dt"] == 0.005 and (run / "eval" / "1-0-dt0.005.json").is_file()
+    # Under other task options: starts twenty times as far from upright fall sooner, recorded apart.
+    main(["eval", str(run), "--episodes", "16", "--task-option", "reset_noise=2", "--json"])
+    shaken = json.loads(capsys.readouterr().out)
+    assert shaken["task_options"] == {"reset_noise": 2.0} and report["task_options"] == {}
+    assert shaken["metrics"]["episode_length"] < report["metrics"]["episode_length"]
+    assert (run / "eval" / "1-0-reset_noise=2.json").is_file()
 
 
 def test_eval_refuses_bad_input_in_one_line(tmp_path, refusal):
@@ -185,6 +191,11 @@ def test_eval_refuses_bad_input_in_one_line(tmp_path, refusal):
     assert "--episodes must be at least 1, got 0" in refusal("eval", run, "--episodes", "0")
     assert "keeps no checkpoint of step 7" in refusal("eval", run, "--checkpoint", "7")
     assert "--video takes 0 to --episodes (4)" in refusal("eval", run, "--episodes", "4", "--video", "5")
+    assert "NAME one of randomise, reset_noise (options of cartpole-balance), got 'seed=3'" in refusal(
+        "eval", run, "--task-option", "seed=3")
+    assert "got 'pushes'" in refusal("eval", run, "--task-option", "pushes")
+    assert "'randomise=maybe': randomise takes true or false" in refusal("eval", run, "--task-option", "randomise=maybe")
+    assert "reset_noise is given twice" in refusal("eval", run, "--task-option", "reset_noise=1", "reset_noise=2")
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text((run / "config.json").read_text())

@@ -272,6 +272,9 @@ class EvalConfig:
     # physics step to evaluate at, in seconds; default: the run's own; 0: the task's own (a policy trained at a
     # coarser step is worth having if it passes at the task's own)
     sim_dt: float | None = None
+    # NAME=VALUE …: task options over the run's, e.g. pushes=false or push_speed=1.5,2 (g1-walk-flat);
+    # an unknown NAME is refused with the list of the task's options
+    task_option: tuple[str, ...] = ()
     json: bool = False  # print the result as JSON
 
 
@@ -281,13 +284,15 @@ def eval(cfg: Annotated[EvalConfig, tyro.conf.arg(name="")]) -> None:  # noqa: A
 
     from hetlab.deploy.evaluate import evaluate_run
 
-    report = evaluate_run(cfg.run_dir, cfg.checkpoint, cfg.episodes, cfg.seed, cfg.video, cfg.sim_dt)
+    report = evaluate_run(cfg.run_dir, cfg.checkpoint, cfg.episodes, cfg.seed, cfg.video, cfg.sim_dt, cfg.task_option)
     if cfg.json:
         print_json(report)
         return
     low, high = report["survival_interval"]
     console().print(f"{report['task']}: checkpoint {report['iteration']}, {report['episodes']} episodes from seed "
-                    f"{report['seed']}, physics step {report['sim_dt']:g} s", highlight=False, soft_wrap=True)
+                    f"{report['seed']}, physics step {report['sim_dt']:g} s"
+                    + "".join(f", {name}={value}" for name, value in report["task_options"].items()),
+                    highlight=False, soft_wrap=True)
     table = Table()
     for column, justify in (("criterion", "left"), ("value", "right"), ("", "left")):
         table.add_column(column, justify=justify)
