@@ -56,11 +56,10 @@ def evaluate_run(run_dir: Path | str, checkpoint: str = "latest", episodes: int 
     options = {**policy.task_options, **overrides}
     if sim_dt is not None and sim_dt != options.get("sim_dt", 0.0):
         options = {**options, "sim_dt": sim_dt} if sim_dt else {k: v for k, v in options.items() if k != "sim_dt"}
-        make_config(policy.task, **options)  # a step the task cannot take is refused before any work
     else:
         sim_dt = None  # the run's own step
-        if overrides:
-            make_config(policy.task, **options)  # a value the task refuses is refused before any work
+    if options != policy.task_options:
+        make_config(policy.task, **options)  # a step or a value the task refuses is refused before any work
     iteration = checkpoint_iteration(policy.checkpoint)
     stem = run_dir / "eval" / (f"{iteration}-{seed}" + ("" if sim_dt is None else f"-dt{sim_dt:g}")
                                + "".join("-" + re.sub(r"[^\w.,=+-]", "_", item) for item in task_options))

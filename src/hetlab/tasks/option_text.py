@@ -19,8 +19,8 @@ def parse_task_options(cls: type[Task], items: typing.Sequence[str]) -> dict:
     """{name: value} from NAME=VALUE items: bools (true/false), numbers, text and tuples of numbers
     (comma-separated); nested options and those in NOT_OVERRIDABLE are refused, naming what is allowed."""
     types = typing.get_type_hints(cls.Config)
-    allowed = {f.name: types[f.name] for f in dataclasses.fields(cls.Config)
-               if f.name not in NOT_OVERRIDABLE and _reader(types[f.name]) is not None}
+    readers = {f.name: _reader(types[f.name]) for f in dataclasses.fields(cls.Config) if f.name not in NOT_OVERRIDABLE}
+    allowed = {name: reader for name, reader in readers.items() if reader is not None}
     options = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -30,9 +30,9 @@ def parse_task_options(cls: type[Task], items: typing.Sequence[str]) -> dict:
         if name in options:
             raise UserError(f"--task-option {name} is given twice; give it once")
         try:
-            options[name] = _reader(allowed[name])(text)
+            options[name] = allowed[name](text)
         except ValueError:
-            raise UserError(f"--task-option {item!r}: {name} takes {_describe(allowed[name])}") from None
+            raise UserError(f"--task-option {item!r}: {name} takes {_describe(types[name])}") from None
     return options
 
 

@@ -252,8 +252,9 @@ def cli_option(name: str, value) -> str:
     if isinstance(value, bool):
         head, dot, flag = cli_name(name).rpartition(".")
         return f"--{head}{dot}{flag if value else 'no-' + flag}"
-    items = [f"{key} {item}" for key, item in value.items()] if isinstance(value, dict) else value
-    shown = " ".join(map(str, items)) if isinstance(items, (tuple, list)) else str(items)
+    if isinstance(value, dict):
+        value = tuple(f"{key} {item}" for key, item in value.items())
+    shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
     return f"--{cli_name(name)} {shown}"
 
 
