@@ -191,7 +191,7 @@ def test_sync_resume_is_exact_in_place_and_from_an_older_checkpoint(tmp_path, as
 
 def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal, train):
     common = ["--task", "cartpole-balance", "--envs", "16", "--horizon", "8", *SMALL_NETS]
-    run_dir, _ = train(tmp_path, *common, "--max-iterations", "2")
+    run_dir, _ = train(tmp_path, *common, "--max-iterations", "2", "--threads", "1", "--torch-threads", "1")
     before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "history.json", "trace.json")}
     for args, message in [
         (["--max-iterations", "2"], "has already trained 2 iterations; pass --max-iterations above 2"),
@@ -203,6 +203,14 @@ def test_resume_never_shrinks_a_run_or_changes_its_options(tmp_path, refusal, tr
         assert message in refusal("train", "--resume", run_dir, *args)
     assert "give --resume RUN_DIR too" in refusal("train", "--checkpoint", "2")
     assert {name: (run_dir / name).read_bytes() for name in before} == before
+    # Where it runs is the launch's, but a resume that is not told says it changed the run's threads.
+    _, result = train(tmp_path, "--resume", run_dir, "--max-iterations", "3")
+    assert ("resumed with --threads 0 --torch-threads 0 (this launch's default; 0 = every core) where the run had "
+            "--threads 1 --torch-threads 1: give --threads 1 --torch-threads 1 to keep the run's\n") in result.stdout
+    config = json.loads((run_dir / "config.json").read_text())
+    assert (config["threads"], config["torch_threads"]) == (0, 0)
+    _, result = train(tmp_path, "--resume", run_dir, "--max-iterations", "4", "--threads", "1")  # given: no line
+    assert "resumed with" not in result.stdout
 
 
 def _child_pids(pid: int) -> list[int]:

@@ -51,6 +51,8 @@ RESUMABLE_OPTIONS = ("max_iterations", "max_seconds", "target_return", "until_so
 # Of those, the ones that say where this launch runs take its values, given or not; the others keep
 # the run's own unless given (a resume with no budget keeps the run's budget).
 LAUNCH_OPTIONS = ("device", "threads", "torch_threads", "resume", "runs_dir", "ray")
+# Of those, the ones that set a run's speed: a resume that changes them without being told says so.
+THREAD_OPTIONS = ("threads", "torch_threads")
 
 
 def train(cfg: TrainConfig, given: Mapping[str, str] | None = None) -> Path:
@@ -90,6 +92,7 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
     device = pick_device(cfg.device)
     cfg, sources, from_recipe, scaled = resolved(launch, given, device, Path(cfg.resume) if resume_state else None)
     validate(cfg)
+    threads_changed = resumed_threads_line(load_run_config(Path(cfg.resume)), cfg, given) if resume_state else ""
     if getattr(cfg.algo_config, "bf16", False) and not device.bf16:
         raise UserError(f"--{cfg.algo}.bf16: the learner ({device.name}) has no native bfloat16 (a CPU needs "
                         "AVX512_BF16 or AMX); train without it")
@@ -130,6 +133,8 @@ def _train(cfg: TrainConfig, given: dict[str, str], held: ExitStack) -> Path:
             print(recipe_line(cfg.task, from_recipe), flush=True)
         if scaled:
             print(scaled_line(scaled), flush=True)
+        if threads_changed:
+            print(threads_changed, flush=True)
         if tuned:
             options = " ".join(cli_option(option, value) for option, value in tuned.items())
             print(f"tuned for this machine: {options} ({tuned_file})", flush=True)
@@ -217,6 +222,19 @@ def resumed_config(saved: TrainConfig, launch: TrainConfig, given: Mapping[str, 
         if option in LAUNCH_OPTIONS or option in given:
             saved = with_option(saved, option_path(option), option_value(launch, option))
     return saved
+
+
+def resumed_threads_line(saved: TrainConfig, cfg: TrainConfig, given: Mapping[str, str]) -> str:
+    """The line a resume prints when it runs on other thread counts than the run had without being
+    given them (a launch's own are its default, 0 = every core): config.json takes this launch's, and
+    a run measured side by side with another would silently oversubscribe the cores."""
+    changed = [option for option in THREAD_OPTIONS
+               if option not in given and option_value(cfg, option) != option_value(saved, option)]
+    if not changed:
+        return ""
+    now = " ".join(cli_option(option, option_value(cfg, option)) for option in changed)
+    had = " ".join(cli_option(option, option_value(saved, option)) for option in changed)
+    return f"resumed with {now} (this launch's default; 0 = every core) where the run had {had}: give {had} to keep the run's"
 
 
 def with_recipe(cfg: TrainConfig, given: Mapping[str, str], accelerator: bool) -> tuple[TrainConfig, dict]:
