@@ -3,6 +3,7 @@ run's values came from; a physics step other than the task's own."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,11 +12,14 @@ import torch
 from torch import nn
 
 import hetlab
+from hetlab.devices import LearnerDevice
 from hetlab.tasks import TASKS, make_task
 from hetlab.tasks.cartpole import CartpoleBalance
 from hetlab.tasks.criteria import Criterion, judge
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
+from hetlab.train.config import TrainConfig
 from hetlab.train.evaluation import PolicyEvaluation, TrainingEvaluation
+from hetlab.train.launch import with_recipe
 from hetlab.train.recipes import RECIPES
 
 CPU = torch.device("cpu")
@@ -133,6 +137,20 @@ def test_a_recipe_fills_what_is_not_given_and_config_json_says_where_each_value_
     assert config["horizon"] == recipe["horizon"] and config["option_sources"]["horizon"] == "recipe"
     assert config["algos"]["ppo"]["actor_hidden"] == list(recipe["ppo.actor_hidden"])
     assert config["option_sources"]["algo"] == "recipe" and config["option_sources"]["task"] == "python"
+
+
+def test_go1_s_recipe_trains_in_bf16_only_on_a_cpu_with_native_bf16():
+    cpu = LearnerDevice("cpu", "cpu", "a CPU", pinned_memory=False, async_copy=False, bf16=False)
+    for native in (False, True):
+        cfg, applied = with_recipe(TrainConfig(task="go1-joystick-flat"), {"task": "command line"},
+                                   dataclasses.replace(cpu, bf16=native))
+        assert cfg.algos.ppo.bf16 is native and ("ppo.bf16" in applied) is native and applied["envs"] == 512
+    given, applied = with_recipe(TrainConfig(task="go1-joystick-flat"), {"ppo.bf16": "command line"},
+                                 dataclasses.replace(cpu, bf16=True))
+    assert "ppo.bf16" not in applied and given.algos.ppo.bf16 is False  # --ppo.no-bf16 wins
+    gpu = LearnerDevice("cuda:0", "cuda", "a GPU", pinned_memory=True, async_copy=True, bf16=True)
+    on_gpu, applied = with_recipe(TrainConfig(task="go1-joystick-flat"), {}, gpu)
+    assert on_gpu.algos.ppo.bf16 is False and "envs" not in applied  # the CPU's sizes and precision are the CPU's
 
 
 def test_naming_the_algorithm_trains_without_the_recipe(tmp_path):

@@ -115,7 +115,7 @@ def test_a_recipe_as_printed_parses_back_to_its_values(task):
     """The options a run prints for its recipe (and `hetlab tasks` lists) are a command line that gives
     the same values: a bool is a flag, a tuple its items."""
     recipe = RECIPES[task]
-    options = {**recipe.options, **recipe.cpu}
+    options = {**recipe.options, **recipe.cpu, **recipe.native_bf16}
     args = ["--task", task, "--algo", recipe.algo]
     for name, value in options.items():
         args += shlex.split(cli_option(name, value))

@@ -140,7 +140,8 @@ def tasks(cfg: Annotated[TasksConfig, tyro.conf.arg(name="")] = TasksConfig()) -
     for row in rows:
         recipe = row["recipe"]
         options = "ppo, the algorithm's defaults" if recipe is None else " ".join(
-            [recipe["algo"], *(cli_option(k, v) for k, v in {**recipe["options"], **recipe["cpu"]}.items())])
+            [recipe["algo"], *(cli_option(k, v) for k, v in {**recipe["options"], **recipe["cpu"]}.items()),
+             *(f"{cli_option(k, v)} (where the CPU has native bf16)" for k, v in recipe["native_bf16"].items())])
         recipes.add_row(row["name"], ", ".join(row["solved"]) or "not defined", options,
                         (recipe and recipe["time_to_solve"]) or "not solved yet")
     console().print(recipes)

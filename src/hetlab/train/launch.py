@@ -203,7 +203,7 @@ def resolved(launch: TrainConfig, given: dict[str, str], device: LearnerDevice,
         cfg = dataclasses.replace(cfg, motion=str(Path(cfg.motion).expanduser().resolve()))
     if resumed is None:
         sources = dict(given)
-        cfg, from_recipe = with_recipe(cfg, given, device.is_accelerator)
+        cfg, from_recipe = with_recipe(cfg, given, device)
         sources |= dict.fromkeys(from_recipe, "recipe")
         cfg, scaled = scale_defaults(cfg, device, fixed=set(given) | set(from_recipe))
         sources |= dict.fromkeys(scaled, "cpu default")
@@ -237,14 +237,14 @@ def resumed_threads_line(saved: TrainConfig, cfg: TrainConfig, given: Mapping[st
     return f"resumed with {now} (this launch's default; 0 = every core) where the run had {had}: give {had} to keep the run's"
 
 
-def with_recipe(cfg: TrainConfig, given: Mapping[str, str], accelerator: bool) -> tuple[TrainConfig, dict]:
+def with_recipe(cfg: TrainConfig, given: Mapping[str, str], device: LearnerDevice) -> tuple[TrainConfig, dict]:
     """(cfg with its task's recipe for the options not given, {option: value} it set); a run that
     names its algorithm, or a task without a recipe, takes none."""
     recipe = RECIPES.get(cfg.task)
     if recipe is None or "algo" in given:
         return cfg, {}
     cfg = dataclasses.replace(cfg, algo=recipe.algo)
-    applied = {option: value for option, value in recipe.for_device(accelerator).items() if option not in given}
+    applied = {option: value for option, value in recipe.for_device(device).items() if option not in given}
     for option, value in applied.items():
         cfg = with_option(cfg, option_path(option), value)
     return cfg, {"algo": recipe.algo, **applied}
