@@ -48,7 +48,7 @@ RECIPES: dict[str, Recipe] = {
         # Playground's discount for this task: at 0.99 linear tracking stalled at 0.50 (23 M env steps);
         # at 0.97 it passed 0.75 at 8 M (docs/benchmarks.md#time-to-solve). A 10 ms physics step (the
         # task's own: 4 ms) steps 2.5× fewer substeps, and its policies pass "solved" at 4 ms too.
-        # Solving took 1,050–1,300 iterations of 512 envs (12.9–16 M env steps); at the default 1,000
+        # Solving took 950–1,550 iterations of 512 envs (11.7–19.0 M env steps); at the default 1,000
         # one run stopped an evaluation short of it, so the recipe allows 2,000.
         options={"ppo.gamma": 0.97, "sim_dt": 0.01, "eval_every": 50, "eval_envs": 128, "max_iterations": 2000},
         # Two cores: 512 envs, smaller networks than rsl_rl's 512-256-128, gentler initial exploration.
@@ -57,7 +57,8 @@ RECIPES: dict[str, Recipe] = {
         # bf16 hidden layers (fp32 outputs) run 1.2× the env steps per second end to end, and seeds 1 and 2
         # solved at 18.4 and 14.1 M env steps with them, at 19.0 and 14.1 M in fp32.
         native_bf16={"ppo.bf16": True},
-        time_to_solve="12.5–18 min (seeds 1, 0; 2-core AMD EPYCs, Zen 5, with AVX-512, no GPU)",
+        time_to_solve="11.8–13.1 min in bf16 (seeds 0, 1; 2-core Intel Xeon with AMX, no GPU); 12.5–18 min in fp32 "
+                      "(seeds 1, 0; 2-core AMD EPYCs, Zen 5, with AVX-512, no GPU)",
     ),
     "g1-walk-flat": Recipe(
         algo="ppo",
