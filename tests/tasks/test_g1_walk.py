@@ -93,3 +93,21 @@ def test_the_penalty_curriculum_scales_the_penalties_pays_for_staying_up_and_res
         again.step(actions)
     assert float(again.curriculum.scale) == float(curriculum.curriculum.scale)
     assert float(again.curriculum.mean_length) == float(curriculum.curriculum.mean_length)
+
+
+def test_the_averaged_yaw_rate_follows_the_gyro_and_starts_at_zero_in_each_episode():
+    task = make_task("g1-walk-flat", num_envs=N, threads=1, seed=3)
+    task.reset()
+    rng = np.random.default_rng(0)
+    expected = np.zeros(N)
+    weight = task.dt / 0.5  # a 0.5-s time constant
+    for _ in range(15):
+        _, _, terminated, truncated, _ = task.step(rng.uniform(-0.3, 0.3, (N, 29)).astype(np.float32))
+        expected += weight * (task._pelvis["gyro"][:, 2] - expected)
+        expected[terminated | truncated] = 0.0  # a new episode
+    assert np.abs(expected).max() > 0.05  # the pelvis turned
+    np.testing.assert_allclose(task.yaw_rate_mean, expected, rtol=1e-12)
+    np.testing.assert_allclose(task._obs["critic"][:, -1], expected, rtol=1e-6)  # the critic's last column
+    # Its kernel: a command met on average scores 1 however the instantaneous rate sways.
+    task.commands.values[:, 2] = task.yaw_rate_mean
+    assert np.allclose(task.rewards["tracking_ang_vel_mean"].function(task, sigma=0.25), 1.0)

@@ -66,6 +66,7 @@ def _mirror_env_0_into_env_1(task) -> None:
             array[1] = feet(array[0])
         if task.name == "g1-walk-flat":
             task.phase[1] = feet(task.phase[0])
+            task.yaw_rate_mean[1] = -task.yaw_rate_mean[0]
     task.last_actions[1] = mirror.action(task.last_actions[0])
 
 
