@@ -120,7 +120,8 @@ criteria = results[0]["final_eval"]["criteria"]
 panels = [*criteria, {"metric": "episode_length", "threshold": None}]
 # Against wall time (what "time to solve" means) and against env steps (sample efficiency: runs at
 # different speeds, or on different machines, compare there).
-fig, axes = plt.subplots(2, len(panels), figsize=(max(6.4, 4.2 * len(panels)), 6.4), squeeze=False)
+fig, axes = plt.subplots(2, len(panels), figsize=(max(6.4, 4.2 * len(panels)), 6.4 + 0.25 * len(results)),
+                         squeeze=False)
 for row_axes, (x_key, x_scale, x_label) in zip(axes, (("wall_seconds", 60, "wall-clock minutes"),
                                                      ("env_steps", 1e6, "million env steps"))):
     for ax, criterion in zip(row_axes, panels):
@@ -129,13 +130,16 @@ for row_axes, (x_key, x_scale, x_label) in zip(axes, (("wall_seconds", 60, "wall
             ax.plot([row[x_key] / x_scale for row in rows], [row[f"eval/{criterion['metric']}"] for row in rows],
                     "o-", label=f"seed {result['seed']} {result['options']}".strip())
         if criterion["threshold"] is not None:
-            ax.axhline(criterion["threshold"], color="grey", linestyle="--", label=criterion["criterion"])
+            ax.axhline(criterion["threshold"], color="grey", linestyle="--")
         ax.set_xlabel(x_label)
-        ax.set_title(criterion["metric"])
+        ax.set_title(criterion["criterion"] if criterion["threshold"] is not None else criterion["metric"])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="x-small")
-fig.suptitle(f"{args.task}: deterministic evaluations while training ({hardware})", fontsize="small")
-fig.tight_layout()
+# One legend for every panel, under them: the runs' options can be long.
+handles, labels = axes[0][0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="lower center", fontsize="small", frameon=False)
+fig.suptitle(f"{args.task}: deterministic evaluations while training ({hardware}; dashed: the criterion)",
+             fontsize="small")
+fig.tight_layout(rect=(0, 0.02 + 0.028 * len(results), 1, 1))
 fig.savefig(OUT / f"time_to_solve-{args.task}.png", dpi=120)
 
 print(f"| task | seed | options over the recipe | solved at (min / env steps) | final: "
