@@ -180,8 +180,8 @@ class G1WalkFlat(Task):
         self.phase = np.zeros((n, 2))  # gait clock of each foot, in [−π, π)
         self.phase_step = np.zeros(n)  # its advance per control step
         self.push_interval = np.ones(n, np.int64)
-        self.yaw_rate_mean = np.zeros(n)
         self.steps_to_push = np.ones(n, np.int64)
+        self.yaw_rate_mean = np.zeros(n)  # the pelvis gyro's yaw rate, averaged over YAW_RATE_MEAN_SECONDS
         self.randomiser = None
         if cfg.randomise:  # drawn once per env at start-up, like the Go1 task's
             self.randomiser = DomainRandomiser(sim, cfg.randomisation, ["floor"], self.rng)
