@@ -55,7 +55,8 @@ ISA_TESTS := tests/policies/test_ar_actor.py tests/offload/test_offload_export.p
 	tests/algos/test_ppo.py::test_bf16_updates_within_bf16_rounding_of_fp32 \
 	tests/algos/test_networks.py::test_output_layers_compute_in_fp32_under_bf16_autocast
 test-isa: setup
-	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PY) -m pytest -q $(ISA_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE \
+		$(PY) -m pytest -q -n 2 $(ISA_TESTS)
 
 clean:
 	rm -rf $(VENV)
