@@ -61,7 +61,7 @@ def segments_of(pid: int) -> list[str]:
 
 @pytest.mark.parametrize(
     ("algo", "mode", "iterations"),
-    # PPO (sync, 70 iterations) is the README's quick start: tests/test_readme.py. APPO with 64 envs:
+    # PPO (sync, solved within 150 iterations) is the README's quick start: tests/test_readme.py. APPO with 64 envs:
     # seeds 0 and 1 passed 350 at iterations 54 and 38 and held ~497 from iteration 70 on.
     [("appo", "async", 80)],
 )
