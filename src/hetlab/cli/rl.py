@@ -1,4 +1,4 @@
-"""The RL half's commands beside `hetlab train`: info, tasks, export, play, and `hetlab bench sim`."""
+"""The RL half's commands beside `hetlab train`: info, tasks, tune, eval, export, play, and `hetlab bench sim`."""
 
 from __future__ import annotations
 
