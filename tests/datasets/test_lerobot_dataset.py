@@ -138,7 +138,8 @@ def test_episode_selection(tiny_dataset):
 def test_dataloader_workers_give_the_items_of_direct_access(tiny_dataset):
     ds = LeRobotDataset(tiny_dataset.root, action_horizon=3)
     direct = [ds[i] for i in range(len(ds))]  # opens decoders in this process first, as a forked worker inherits
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=False)
+    # A worker that hangs (as one forked after a multithreaded frame conversion did) fails the test, not CI.
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, shuffle=False, timeout=60)
     batches = list(loader)
     for key in direct[0]:
         np.testing.assert_array_equal(torch.cat([b[key] for b in batches]).numpy(),

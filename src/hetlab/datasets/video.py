@@ -122,10 +122,12 @@ class VideoReader:
         if last is None or not (-self.tolerance <= ahead <= MAX_READ_AHEAD * 2 * self.tolerance):
             self._seek(t)
         frame = self._decode_until(t)
+        # One conversion thread: PyAV ≥ 17 otherwise starts a thread pool for swscale, and a DataLoader
+        # worker forked from a process that converted a frame waits forever for the pool's threads.
         if self.size is None:
-            return frame.to_ndarray(format="rgb24")
+            return frame.to_ndarray(format="rgb24", threads=1)
         height, width = self.size
-        return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="AREA")
+        return frame.to_ndarray(format="rgb24", width=width, height=height, interpolation="AREA", threads=1)
 
     def _seek(self, t: float) -> None:
         # Seek to the keyframe at or before t, then decode forward.
