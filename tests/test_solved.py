@@ -19,7 +19,7 @@ from hetlab.tasks.criteria import Criterion, judge
 from hetlab.tasks.go1_joystick import Go1JoystickFlat
 from hetlab.train.config import TrainConfig
 from hetlab.train.evaluation import PolicyEvaluation, TrainingEvaluation
-from hetlab.train.launch import with_recipe
+from hetlab.train.launch import recipe_line, with_recipe
 from hetlab.train.recipes import RECIPES
 
 CPU = torch.device("cpu")
@@ -151,6 +151,16 @@ def test_go1_s_recipe_trains_in_bf16_only_on_a_cpu_with_native_bf16():
     gpu = LearnerDevice("cuda:0", "cuda", "a GPU", pinned_memory=True, async_copy=True, bf16=True)
     on_gpu, applied = with_recipe(TrainConfig(task="go1-joystick-flat"), {}, gpu)
     assert on_gpu.algos.ppo.bf16 is False and "envs" not in applied  # the CPU's sizes and precision are the CPU's
+
+
+def test_g1_s_recipe_weighs_linear_tracking_unless_the_command_line_gives_weights():
+    cpu = LearnerDevice("cpu", "cpu", "a CPU", pinned_memory=False, async_copy=False, bf16=False)
+    cfg, applied = with_recipe(TrainConfig(task="g1-walk-flat"), {"task": "command line"}, cpu)
+    assert cfg.reward_weights == {"tracking_lin_vel": 4.0} and cfg.algos.ppo.entropy_coef == 0.003
+    assert "--reward-weights tracking_lin_vel 4.0" in recipe_line("g1-walk-flat", applied)
+    given, applied = with_recipe(TrainConfig(task="g1-walk-flat", reward_weights={"alive": 0.5}),
+                                 {"reward_weights": "command line"}, cpu)
+    assert given.reward_weights == {"alive": 0.5} and "reward_weights" not in applied  # the given weights, whole
 
 
 def test_naming_the_algorithm_trains_without_the_recipe(tmp_path):
