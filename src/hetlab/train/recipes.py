@@ -71,7 +71,7 @@ RECIPES: dict[str, Recipe] = {
         # Linear tracking at twice the task's weight with a third of PPO's entropy bonus: each alone fixed
         # what the other broke (noisier, swaying gaits at 0.01; standing, hardly walking at the task's
         # weight); together, on seeds 1 and 2, linear tracking 0.52-0.53 at 9.2 M env steps against 0.38-0.42.
-        # Not solved in 15 M env steps: it trains until --until-solved or --max-seconds stops it.
+        # Not solved in 23 M env steps: it trains until --until-solved or --max-seconds stops it.
         options={"ppo.gamma": 0.99, "ppo.symmetry": True, "ppo.entropy_coef": 0.003,
                  "reward_weights": {"tracking_lin_vel": 4.0}, "sim_dt": 0.005, "eval_every": 50, "eval_envs": 128,
                  "max_iterations": 10_000},
